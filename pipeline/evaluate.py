@@ -1,0 +1,286 @@
+"""Pass@K and Maj@K estimators over n sampled answers per problem, and the Pass/Maj-vs-K plot.
+
+DeepSeekMath (Shao et al., 2024, Sec. 5.2.2, Fig. 7) reads RL's effect off these two curves: RL sharpens
+the output distribution, so Maj@K rises while Pass@K at large K does not. The estimators here are pure
+functions of answer strings and correctness flags; sampling a policy lives below them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@K from n samples of which c are correct (Chen et al., 2021, Codex, Sec. 2.1).
+
+    `1 - C(n-c, k) / C(n, k)`, computed as `1 - prod_{i=n-c+1}^{n} (1 - k/i)`: the binomials overflow
+    floats long before n = 1024, the product of c factors in (0, 1] does not.
+
+    >>> pass_at_k(4, 1, 2)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    0.5
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def majority_answer(answers: Sequence[str | None]) -> str | None:
+    """The most common non-None answer, ties going to the one seen first; None if there is none.
+
+    >>> majority_answer(["b", None, "a", "a", "b", None, None])
+    'b'
+    """
+    votes = Counter(a for a in answers if a is not None)
+    # Counter keeps first-insertion order and most_common sorts stably, so ties go to the first seen.
+    return votes.most_common(1)[0][0] if votes else None
+
+
+def _answer_classes(
+    answers: Sequence[str | None], correct: Sequence[bool]
+) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """Label samples by distinct answer: (labels (n,), counts per class, class correct (m,)).
+
+    Class 0 is "no answer" (None, always wrong, never votes); classes 1.. are the distinct strings.
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"answers and correct differ in length: {len(answers)} != {len(correct)}")
+    index: dict[str | None, int] = {None: 0}
+    verdict: list[bool] = [False]
+    labels = np.empty(len(answers), dtype=np.int64)
+    for i, (a, ok) in enumerate(zip(answers, correct)):
+        if a not in index:
+            index[a] = len(verdict)
+            verdict.append(bool(ok))
+        elif a is not None and verdict[index[a]] != bool(ok):
+            raise ValueError(f"answer {a!r} is marked both correct and wrong")
+        labels[i] = index[a]
+    counts = np.bincount(labels, minlength=len(verdict)).tolist()
+    return labels, counts, np.array(verdict)
+
+
+def _vote_scores(votes: np.ndarray, class_correct: np.ndarray) -> np.ndarray:
+    """Expected correctness of the majority vote for each row of vote counts (S, m), class 0 = None.
+
+    The winner is drawn uniformly among the most-voted answers, so a row scores the fraction of its
+    tied leaders that are correct; a row with no answer at all scores 0.
+    """
+    cast = votes[:, 1:]  # None never wins a vote
+    top = cast.max(axis=1, keepdims=True, initial=0)  # (S, 1); initial covers all-None problems
+    leaders = (cast == top) & (top > 0)  # (S, m-1)
+    n_leaders = leaders.sum(axis=1)
+    n_right = (leaders & class_correct[1:]).sum(axis=1)
+    return np.where(n_leaders > 0, n_right / np.maximum(n_leaders, 1), 0.0)
+
+
+def _vote_vectors(counts: list[int], k: int) -> Iterator[tuple[list[int], int]]:
+    """Every way a k-subset can split over the classes: (votes per class, number of subsets giving it).
+
+    A subset's vote depends only on how many samples it takes from each class, so enumerating these
+    vectors, weighted by prod C(count_j, x_j), covers all C(n, k) subsets in far fewer steps.
+    """
+    after = np.cumsum(counts[::-1])[::-1].tolist()[1:] + [0]  # samples in the classes after j
+
+    def rec(j: int, left: int, prefix: list[int], weight: int) -> Iterator[tuple[list[int], int]]:
+        if j == len(counts):
+            yield prefix, weight
+            return
+        for x in range(max(0, left - after[j]), min(counts[j], left) + 1):
+            yield from rec(j + 1, left - x, prefix + [x], weight * math.comb(counts[j], x))
+
+    yield from rec(0, k, [], 1)
+
+
+def maj_at_k(
+    answers: Sequence[str | None],
+    correct: Sequence[bool],
+    k: int,
+    *,
+    seed: int = 0,
+    max_exact: int = 20000,
+    num_samples: int = 20000,
+) -> float:
+    """Maj@K: expected correctness of the majority vote of a uniform k-subset of the n samples.
+
+    DeepSeekMath (Shao et al., 2024, Sec. 5.2.2, Fig. 7); self-consistency (Wang et al., 2023). `None`
+    (no extracted answer) never wins a vote and an all-None subset is wrong; ties among the most-voted
+    answers are split uniformly, so a tie between one right and one wrong answer scores 0.5.
+
+    Exact when C(n, k) <= max_exact: the subsets are enumerated grouped by their per-answer vote counts
+    (one step per distinct vote vector, not per subset). Otherwise a Monte-Carlo mean over
+    `num_samples` uniform k-subsets drawn with `seed` (standard error <= 0.5 / sqrt(num_samples)).
+
+    Args:
+        answers: (n,) extracted final answers, None where a completion gave none.
+        correct: (n,) whether each answer is right; equal answers must agree.
+        k: subset size, 1 <= k <= n.
+        seed: seed of the Monte-Carlo draw.
+        max_exact: largest C(n, k) computed exactly; 0 forces Monte-Carlo.
+        num_samples: number of random subsets on the Monte-Carlo path.
+
+    Returns:
+        Maj@K in [0, 1].
+
+    Raises:
+        ValueError: lengths differ, an answer is both right and wrong, or k is out of range.
+    """
+    labels, counts, class_correct = _answer_classes(answers, correct)
+    n = len(labels)
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+
+    if math.comb(n, k) <= max_exact:
+        vectors, weights = zip(*_vote_vectors(counts, k))
+        scores = _vote_scores(np.array(vectors), class_correct)
+        return float(np.dot(scores, np.array(weights, dtype=np.float64)) / math.comb(n, k))
+
+    rng = np.random.default_rng(seed)
+    m = len(counts)
+    total = 0.0
+    chunk = max(1, 2_000_000 // n)  # bounds the (chunk, n) random-key matrix to ~16 MB
+    for start in range(0, num_samples, chunk):
+        s = min(chunk, num_samples - start)
+        # The k smallest of n iid uniform keys are a uniform k-subset, drawn for s rows at once.
+        picks = np.argpartition(rng.random((s, n)), k - 1, axis=1)[:, :k]  # (s, k)
+        rows = np.repeat(np.arange(s), k)
+        votes = np.bincount(rows * m + labels[picks].ravel(), minlength=s * m).reshape(s, m)
+        total += float(_vote_scores(votes, class_correct).sum())
+    return total / num_samples
+
+
+def ks_up_to(n: int) -> list[int]:
+    """DeepSeekMath's K grid: the powers of two up to n (Fig. 7 plots K = 1 .. 64).
+
+    >>> ks_up_to(100)
+    [1, 2, 4, 8, 16, 32, 64]
+    """
+    if n < 1:
+        raise ValueError(f"need n >= 1, got {n}")
+    return [1 << e for e in range(n.bit_length())]
+
+
+def summarize_samples(
+    samples_per_problem: list[tuple[list[str | None], list[bool]]], ks: list[int]
+) -> dict[str, float]:
+    """Mean over problems of Pass@K and Maj@K for each K: keys "pass@1", "maj@1", "pass@2", ...
+
+    Args:
+        samples_per_problem: per problem, its n answers and their correctness flags.
+        ks: the K values; each must be <= every problem's n.
+
+    Returns:
+        Metric name to mean value in [0, 1].
+    """
+    if not samples_per_problem:
+        raise ValueError("no problems to summarize")
+    summary: dict[str, float] = {}
+    for k in ks:
+        passes = [pass_at_k(len(c), sum(map(bool, c)), k) for _, c in samples_per_problem]
+        majs = [maj_at_k(a, c, k) for a, c in samples_per_problem]
+        summary[f"pass@{k}"] = float(np.mean(passes))
+        summary[f"maj@{k}"] = float(np.mean(majs))
+    return summary
+
+
+def plot_pass_maj(curves: dict[str, dict[str, float]], path: str | os.PathLike) -> Path:
+    """Plot Pass@K and Maj@K against K (log2 axis) side by side, one line per curve (DeepSeekMath Fig. 7).
+
+    Args:
+        curves: label (e.g. "round 0") to a `summarize_samples` dict.
+        path: where to write the PNG; written to a temp file and renamed, so readers never see half a file.
+
+    Returns:
+        The PNG's path.
+    """
+    # The object API with no pyplot keeps this free of global figure state and GUI backends.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2, sharey=True)
+    all_ks: set[int] = set()
+    for ax, metric, title in zip(axes, ("pass", "maj"), ("Pass@K", "Maj@K")):
+        for label, summary in curves.items():
+            pts = sorted(
+                (int(key.split("@")[1]), v) for key, v in summary.items() if key.startswith(metric + "@")
+            )
+            if pts:
+                all_ks.update(k for k, _ in pts)
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_title(title)
+        ax.set_xlabel("K: number of samples")
+        ax.grid(True, alpha=0.3)
+    for ax in axes:
+        if all_ks:
+            ax.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])
+    axes[0].set_ylabel("accuracy")
+    axes[1].legend()
+    fig.tight_layout()
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=120)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --- policy evaluation ---
+
+
+@dataclass
+class PolicyEval:
+    """Metrics (`greedy`, `pass@K`, `maj@K`) and, per problem, the sampled texts and answers."""
+
+    metrics: dict[str, float]
+    texts: list[list[str]]
+    answers: list[list[str | None]]
+    correct: list[list[bool]]
+
+
+def evaluate_policy(
+    model,
+    tokenizer,
+    problem_set,
+    problems: Sequence,
+    *,
+    n: int,
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> PolicyEval:
+    """Greedy accuracy, and Pass@K / Maj@K for K in 1, 2, 4, ... <= n from n samples per problem."""
+    from pipeline.generation import sample
+
+    prompts = [p.prompt for p in problems]
+    opts = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    greedy = sample(model, tokenizer, prompts, 1, greedy=True, desc="eval greedy", **opts)
+    sampled = sample(model, tokenizer, prompts, n, temperature=temperature, top_p=top_p, desc="eval samples", **opts)
+    answers = [[problem_set.extract_answer(t) for t in texts] for texts in sampled.texts]
+    correct = [[problem_set.is_correct(t, p) for t in texts] for texts, p in zip(sampled.texts, problems)]
+    metrics = {
+        "greedy": float(np.mean([problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)])),
+        **summarize_samples(list(zip(answers, correct)), ks_up_to(n)),
+        "completions_per_s": len(prompts) * n / sampled.seconds,
+    }
+    return PolicyEval(metrics, sampled.texts, answers, correct)

@@ -1,0 +1,270 @@
+"""GSM8K (Cobbe et al., 2021) from local jsonl files or the Hugging Face hub, checked with math-verify.
+
+Each row has a ``question`` and an ``answer`` whose rationale ends with ``#### <number>``. The gold
+solution keeps the rationale's lines without the calculator annotations ``<<48/2=24>>`` and ends with
+``Answer: <number>``, the answer convention of every problem set. Gold step labels are unknown here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterable, Iterator
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from pipeline.problems.base import Problem, ProblemSet, answer_line_value
+
+PROMPT_TEMPLATE = (
+    "Solve the problem step by step, one step per line, and end with a line 'Answer: <number>'.\n"
+    "Question: {question}\n"
+    "Solution:\n"
+)
+
+_CALCULATOR_RE = re.compile(r"<<[^>]*>>")
+# A sign counts only when it does not follow a word or digit: in "10-4" the "4" is not negative.
+_NUMBER_RE = re.compile(r"(?:(?<![\w.])[+-])?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
+# Model text handed to math-verify is capped: its parser's run time grows with the input, and off the
+# main thread it runs without its signal-based timeout.
+_MAX_VERIFY_CHARS = 200
+
+
+def canonical_number(text: str) -> str | None:
+    """The canonical string of the number ``text`` (commas, ``$``, a final ``.`` or ``%`` allowed); else None.
+
+    GSM8K states percentages as plain numbers, hence ``%`` is dropped. Integral values lose their
+    decimals, so ``"5.00"`` and ``"5"`` agree.
+
+    >>> canonical_number("1,000"), canonical_number("$5.50."), canonical_number("-0"), canonical_number("abc")
+    ('1000', '5.5', '0', None)
+    """
+    cleaned = text.strip().removeprefix("$").removesuffix(".").removesuffix("%").replace(",", "").strip()
+    if _NUMBER_RE.fullmatch(cleaned) is None:
+        return None
+    try:
+        value = Decimal(cleaned)
+    except InvalidOperation:
+        return None
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in ``text``, canonical, or None.
+
+    >>> last_number("she earned $1,200 in 3 weeks")
+    '3'
+    """
+    numbers = _NUMBER_RE.findall(text)
+    return canonical_number(numbers[-1]) if numbers else None
+
+
+def solution_lines(rationale: str) -> list[str]:
+    """The rationale's non-blank lines with calculator annotations removed.
+
+    >>> solution_lines("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\\n")
+    ['Natalia sold 48/2 = 24 clips in May.']
+    """
+    lines = (_CALCULATOR_RE.sub("", line).strip() for line in rationale.split("\n"))
+    return [line for line in lines if line]
+
+
+def problem_from_row(row: object, where: str, problem_id: str) -> Problem:
+    """A Problem from one GSM8K row; ValueError starting with ``where`` (file and line) if it is malformed."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for field in ("question", "answer"):
+        if not isinstance(row.get(field), str) or not row[field].strip():
+            raise ValueError(f"{where}: missing or empty field {field!r}")
+    rationale, sep, gold = row["answer"].rpartition("####")
+    if not sep:
+        raise ValueError(f"{where}: answer has no '#### <number>' line")
+    answer = canonical_number(gold)
+    if answer is None:
+        raise ValueError(f"{where}: gold answer {gold.strip()!r} is not a number")
+    question = row["question"].strip()
+    return Problem(
+        id=problem_id,
+        prompt=PROMPT_TEMPLATE.format(question=question),
+        answer=answer,
+        solution="\n".join(solution_lines(rationale) + [f"Answer: {answer}"]),
+    )
+
+
+def problems_from_rows(rows: Iterable[tuple[str, object]], split: str, source: str) -> list[Problem]:
+    """Problems from ``(where, row)`` pairs, rejecting an empty source and repeated questions."""
+    problems: list[Problem] = []
+    first_seen: dict[str, str] = {}
+    for where, row in rows:
+        problem = problem_from_row(row, where, f"gsm8k-{split}-{len(problems):05d}")
+        if problem.prompt in first_seen:
+            raise ValueError(f"{where}: duplicate question, first seen at {first_seen[problem.prompt]}")
+        first_seen[problem.prompt] = where
+        problems.append(problem)
+    if not problems:
+        raise ValueError(f"{source} is empty: no GSM8K rows")
+    return problems
+
+
+def read_jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
+    """``("<path> line <n>", row)`` for each non-blank line (1-based n); ValueError on invalid JSON."""
+    if not path.is_file():
+        raise FileNotFoundError(f"GSM8K file not found: {path}")
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path} line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+            yield where, row
+
+
+def _take(problems: list[Problem], count: int | None, name: str, source: str) -> list[Problem]:
+    """The first ``count`` problems (all when None)."""
+    if count is None:
+        return problems
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"{name} must be None or an integer >= 0, got {count!r}")
+    if count > len(problems):
+        raise ValueError(f"{name}={count} but {source} has only {len(problems)} problems")
+    return problems[:count]
+
+
+def _check_disjoint(train: list[Problem], test: list[Problem]) -> None:
+    overlap = {p.prompt for p in train} & {p.prompt for p in test}
+    if overlap:
+        ids = [p.id for p in test if p.prompt in overlap][:5]
+        raise ValueError(f"{len(overlap)} test question(s) also appear in train, e.g. {ids}")
+
+
+class GSM8K(ProblemSet):
+    """Grade-school math word problems; answers are numbers checked with math-verify.
+
+    Build with `GSM8K.from_jsonl` or `GSM8K.from_hub`. Problems keep file order, so ``num_train`` /
+    ``num_test`` take a prefix of each file.
+    """
+
+    name = "gsm8k"
+    has_gold_step_labels = False
+
+    def __init__(self, train: list[Problem], test: list[Problem]) -> None:
+        _check_disjoint(train, test)
+        self.train = train
+        self.test = test
+
+    @classmethod
+    def from_jsonl(
+        cls,
+        train_path: str | Path,
+        test_path: str | Path,
+        num_train: int | None = None,
+        num_test: int | None = None,
+    ) -> GSM8K:
+        """Read the ``train.jsonl`` / ``test.jsonl`` format of openai/grade-school-math.
+
+        Every row of both files is validated before anything is returned.
+
+        Raises:
+            FileNotFoundError: a file does not exist.
+            ValueError: naming the file and 1-based line, for invalid JSON, a missing field, a gold answer
+                that is not a number or a repeated question; also for an empty file.
+        """
+        splits = {}
+        for split, path, count in (("train", train_path, num_train), ("test", test_path, num_test)):
+            path = Path(path)
+            problems = problems_from_rows(read_jsonl_rows(path), split, str(path))
+            splits[split] = _take(problems, count, f"num_{split}", str(path))
+        return cls(splits["train"], splits["test"])
+
+    @classmethod
+    def from_hub(
+        cls,
+        name: str = "openai/gsm8k",
+        config: str = "main",
+        num_train: int | None = None,
+        num_test: int | None = None,
+    ) -> GSM8K:
+        """Load GSM8K with `datasets.load_dataset(name, config)` (its "train" and "test" splits)."""
+        from datasets import load_dataset  # heavy import, only on this path
+
+        dataset = load_dataset(name, config)
+        splits = {}
+        for split, count in (("train", num_train), ("test", num_test)):
+            source = f"{name}[{split}]"
+            rows = ((f"{source} row {i + 1}", row) for i, row in enumerate(dataset[split]))
+            splits[split] = _take(problems_from_rows(rows, split, source), count, f"num_{split}", source)
+        return cls(splits["train"], splits["test"])
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The number on the last ``Answer:`` line, canonical, or None.
+
+        A plain number (``$1,036.``, ``0.50``, ``15%``) is read directly; anything else (``72 clips``,
+        ``\\frac{144}{2}``) is parsed by math-verify and kept if it is a rational number, so answers that
+        agree in value agree as strings (what majority voting counts).
+
+        >>> GSM8K([], []).extract_answer("12*3 = 36\\nAnswer: $1,036.")
+        '1036'
+        """
+        value = answer_line_value(completion)
+        if value is None:
+            return None
+        return canonical_number(value) or _rational_via_math_verify(value[:_MAX_VERIFY_CHARS])
+
+    def is_correct(self, completion: str, problem: Problem) -> bool:
+        """math-verify's judgement of the stated answer against the gold one.
+
+        The stated answer is `extract_answer`'s; with no ``Answer:`` line, the last number in the completion.
+        """
+        if answer_line_value(completion) is None:
+            candidate = last_number(completion)
+        else:
+            candidate = self.extract_answer(completion)
+        return candidate is not None and _math_verify(problem.answer, candidate)
+
+
+def _timeout() -> int | None:
+    # math-verify's timeouts use SIGALRM, which only the main thread may set (flows may run us in a worker).
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def _rational_via_math_verify(text: str) -> str | None:
+    """The canonical string of the rational number math-verify reads in ``text``; None if none.
+
+    Terminating fractions become decimals (``\\frac{1}{2}`` -> ``"0.5"``), others stay ``"p/q"``.
+    """
+    import sympy  # math-verify's dependency; imported here like math-verify itself
+    from math_verify import parse
+
+    try:
+        parsed = parse(text, parsing_timeout=_timeout())
+        expr = parsed[0].doit() if parsed and isinstance(parsed[0], sympy.Basic) else None
+    except Exception:  # a parser failure on model text means "no answer", not a crash
+        return None
+    if expr is None or not expr.is_number:
+        return None
+    if expr.is_Float:
+        return canonical_number(format(Decimal(str(expr)), "f"))
+    if not expr.is_Rational:
+        return None  # irrational or not a plain number: not a GSM8K answer
+    p, q = int(expr.p), int(expr.q)
+    if set(sympy.primefactors(q)) <= {2, 5}:  # terminating decimal
+        return canonical_number(format(Decimal(p) / Decimal(q), "f"))
+    return f"{p}/{q}"
+
+
+def _math_verify(gold: str, candidate: str) -> bool:
+    """math-verify's ``verify(parse(gold), parse(candidate))``, never raising."""
+    from math_verify import parse, verify
+
+    timeout = _timeout()
+    try:
+        gold_parsed = parse(gold, parsing_timeout=timeout)
+        candidate_parsed = parse(candidate, parsing_timeout=timeout)
+        return bool(verify(gold_parsed, candidate_parsed, timeout_seconds=timeout))
+    except Exception:  # a parser failure on model text means "not verified", not a crash
+        return False

@@ -1,0 +1,203 @@
+"""Outcome and process advantages: worked examples from REFERENCE.md, a plain-loop reference, invariants."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from pipeline.advantages import outcome_advantages, process_advantages
+
+# ---------------------------------------------------------------------------------------------- outcome
+
+
+def test_outcome_worked_example_uses_trl_unbiased_std():
+    # "13 x 17", rewards [1, 0, 1]: mean 2/3; unbiased std sqrt(((1/3)^2 * 2 + (2/3)^2) / 2) = 0.5774.
+    # (1 - 2/3) / (0.5774 + 1e-4) = 0.5773 and (0 - 2/3) / 0.5775 = -1.1545. The paper's population std
+    # (0.471) would give [0.707, -1.414, 0.707] instead; our contract is TRL's.
+    adv = outcome_advantages(torch.tensor([1.0, 0.0, 1.0]), group_size=3)
+    torch.testing.assert_close(adv, torch.tensor([0.577, -1.155, 0.577]), atol=1e-3, rtol=0)
+
+
+def test_outcome_matches_formula_with_eps():
+    rewards = torch.tensor([1.0, 0.0, 1.0])
+    expected = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    torch.testing.assert_close(outcome_advantages(rewards, 3), expected, atol=1e-6, rtol=0)
+
+
+def test_outcome_group_scale_has_zero_mean_per_group():
+    rewards = torch.rand(6 * 8, generator=torch.Generator().manual_seed(0))
+    adv = outcome_advantages(rewards, group_size=8)
+    torch.testing.assert_close(adv.view(6, 8).sum(1), torch.zeros(6), atol=1e-5, rtol=0)
+
+
+def test_outcome_equal_rewards_give_zero():
+    # std 0 -> (r - mean) = 0 divided by 1e-4, exactly 0 (no NaN).
+    adv = outcome_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]), group_size=3)
+    assert torch.equal(adv, torch.zeros(6))
+
+
+def test_outcome_batch_vs_group_scale():
+    # Group 1 [1, 0] (std 0.707), group 2 [10, 0] (std 7.07). Both centre on their group mean: [0.5, -0.5]
+    # and [5, -5]. Group scale divides each by its own std -> every entry +-0.707; batch scale divides
+    # by the unbiased std of all four rewards: mean 2.75, squared deviations 3.0625 + 7.5625 + 52.5625
+    # + 7.5625 = 70.75, / 3 -> std 4.856, giving [0.103, -0.103, 1.030, -1.030].
+    rewards = torch.tensor([1.0, 0.0, 10.0, 0.0])
+    group = outcome_advantages(rewards, 2, scale="group")
+    batch = outcome_advantages(rewards, 2, scale="batch")
+    none = outcome_advantages(rewards, 2, scale="none")
+    torch.testing.assert_close(group, torch.tensor([0.707, -0.707, 0.707, -0.707]), atol=1e-3, rtol=0)
+    batch_std = rewards.std().item()
+    assert batch_std == pytest.approx(4.856, abs=1e-3)
+    torch.testing.assert_close(batch, torch.tensor([0.103, -0.103, 1.030, -1.030]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(none, torch.tensor([0.5, -0.5, 5.0, -5.0]))
+    # still centred per group in every scale
+    torch.testing.assert_close(batch.view(2, 2).sum(1), torch.zeros(2), atol=1e-6, rtol=0)
+
+
+def test_outcome_group_of_one_has_std_zero_like_trl():
+    rewards = torch.tensor([0.3, 0.9])
+    assert torch.equal(outcome_advantages(rewards, 1), torch.zeros(2))
+
+
+def test_outcome_integer_rewards_accepted():
+    adv = outcome_advantages(torch.tensor([1, 0, 1]), 3)
+    assert adv.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("rewards", "group_size", "scale", "match"),
+    [
+        (torch.zeros(4), 2, "bogus", "scale must be one of"),
+        (torch.zeros(5), 2, "group", "not a multiple of group_size 2"),
+        (torch.zeros(4), 0, "group", "group_size must be >= 1"),
+        (torch.zeros(2, 2), 2, "group", r"shape \(B,\)"),
+        (torch.tensor([0.0, 1.0, float("nan"), 1.0]), 2, "group", "row 2"),
+    ],
+)
+def test_outcome_bad_input(rewards, group_size, scale, match):
+    with pytest.raises(ValueError, match=match):
+        outcome_advantages(rewards, group_size, scale=scale)
+
+
+# ---------------------------------------------------------------------------------------------- process
+
+
+def process_advantages_loop(step_rewards, step_ends, length, group_size):
+    """Plain-loop reference for `process_advantages`, written straight from DeepSeekMath §4.1.3."""
+    adv = [[0.0] * length for _ in step_rewards]
+    for start in range(0, len(step_rewards), group_size):
+        pooled = [r for rs in step_rewards[start : start + group_size] for r in rs]
+        if not pooled:
+            continue
+        mean = sum(pooled) / len(pooled)
+        std = math.sqrt(sum((r - mean) ** 2 for r in pooled) / (len(pooled) - 1)) if len(pooled) > 1 else 0.0
+        for i in range(start, start + group_size):
+            for t in range(length):
+                adv[i][t] = sum(
+                    (r - mean) / (std + 1e-4)
+                    for r, end in zip(step_rewards[i], step_ends[i])
+                    if end >= t
+                )
+    return torch.tensor(adv, dtype=torch.float32)
+
+
+WORKED_REWARDS = [[0.5, 1.0, 1.0, 1.0], [0.5, 0.0], [1.0]]
+WORKED_ENDS = [[2, 5, 8, 11], [3, 7], [4]]
+
+
+def test_process_worked_example():
+    # Seven steps pooled: [0.5, 1, 1, 1, 0.5, 0, 1], mean 5/7 = 0.7143; squared deviations
+    # 2 * 0.2143^2 + 4 * 0.2857^2 + 0.7143^2 = 0.9286, / 6 -> unbiased std 0.3934 (+1e-4 -> 0.3935).
+    # Normalised: 0.5 -> -0.5446, 1 -> 0.7261, 0 -> -1.8152 (REFERENCE.md rounds to -0.545, 0.726, -1.816).
+    # Output 1 (steps end at tokens 2, 5, 8, 11): tokens 0-2 get the sum of all four steps
+    # -0.5446 + 3 * 0.7261 = 1.6337; tokens 3-5 the last three, 2.1783; tokens 6-8 the last two, 1.4522;
+    # tokens 9-11 the last step alone, 0.7261 (REFERENCE.md: 1.634, 2.179, 1.453, 0.726).
+    adv = process_advantages(WORKED_REWARDS, WORKED_ENDS, length=12, group_size=3)
+    assert adv.shape == (3, 12) and adv.dtype == torch.float32
+    expected_1 = torch.tensor([1.6337] * 3 + [2.1783] * 3 + [1.4522] * 3 + [0.7261] * 3)
+    torch.testing.assert_close(adv[0], expected_1, atol=1e-3, rtol=0)
+    # Output 2 (ends 3, 7): tokens 0-3 get -0.5446 - 1.8152 = -2.3598, tokens 4-7 get -1.8152, then 0.
+    expected_2 = torch.tensor([-2.3598] * 4 + [-1.8152] * 4 + [0.0] * 4)
+    torch.testing.assert_close(adv[1], expected_2, atol=1e-3, rtol=0)
+    # Output 3 (one step ending at 4): tokens 0-4 get 0.7261, then 0.
+    expected_3 = torch.tensor([0.7261] * 5 + [0.0] * 7)
+    torch.testing.assert_close(adv[2], expected_3, atol=1e-3, rtol=0)
+
+
+def test_process_matches_loop_reference_on_random_inputs():
+    rng = random.Random(0)
+    for _ in range(50):
+        group_size = rng.randint(1, 4)
+        batch = group_size * rng.randint(1, 3)
+        length = rng.randint(1, 20)
+        step_rewards, step_ends = [], []
+        for _ in range(batch):
+            k = rng.randint(0, min(5, length))
+            step_ends.append(sorted(rng.sample(range(length), k)))
+            step_rewards.append([rng.choice([0.0, 1.0, rng.random()]) for _ in range(k)])
+        fast = process_advantages(step_rewards, step_ends, length, group_size)
+        slow = process_advantages_loop(step_rewards, step_ends, length, group_size)
+        torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-5)
+
+
+def test_process_zero_after_last_step_end_and_empty_completion():
+    adv = process_advantages([[1.0, 0.0], [], [0.3]], [[1, 4], [], [2]], length=8, group_size=3)
+    assert adv.shape == (3, 8)
+    assert torch.equal(adv[0, 5:], torch.zeros(3))
+    assert torch.equal(adv[1], torch.zeros(8))  # no steps: all-zero row
+    assert torch.equal(adv[2, 3:], torch.zeros(5))
+
+
+def test_process_empty_completion_does_not_count_in_group_stats():
+    with_empty = process_advantages([[1.0, 0.0], [], [0.5]], [[1, 4], [], [2]], length=6, group_size=3)
+    # The same three steps pooled in a group of two completions give the same statistics.
+    without = process_advantages([[1.0, 0.0], [0.5]], [[1, 4], [2]], length=6, group_size=2)
+    torch.testing.assert_close(with_empty[[0, 2]], without)
+
+
+def test_process_groups_normalised_independently():
+    # Group 2 is group 1 shifted by +10 and scaled by 3: normalisation removes both, so the
+    # advantages match row for row. Pooled with group 1 they would not.
+    rewards_1 = [[0.0, 1.0], [1.0]]
+    rewards_2 = [[10.0, 13.0], [13.0]]
+    ends = [[1, 3], [2]]
+    adv = process_advantages(rewards_1 + rewards_2, ends + ends, length=5, group_size=2)
+    torch.testing.assert_close(adv[:2], adv[2:], atol=1e-4, rtol=0)
+    alone = process_advantages(rewards_1, ends, length=5, group_size=2)
+    torch.testing.assert_close(adv[:2], alone)
+
+
+def test_process_equal_rewards_give_zero():
+    # 0.7 is not exact in binary, so the pooled mean is off by ~1e-16, divided by std + 1e-4 ~ 1e-4:
+    # what is left is ~1e-12 of rounding, no signal.
+    adv = process_advantages([[0.7, 0.7], [0.7]], [[0, 2], [1]], length=4, group_size=2)
+    torch.testing.assert_close(adv, torch.zeros(2, 4), atol=1e-9, rtol=0)
+    assert torch.equal(process_advantages([[1.0, 1.0], [1.0]], [[0, 2], [1]], 4, 2), torch.zeros(2, 4))
+
+
+def test_process_single_step_group_has_std_zero():
+    # One step in the whole group: it equals the mean, so its normalised reward is 0 (not NaN).
+    adv = process_advantages([[0.9], []], [[3], []], length=4, group_size=2)
+    assert torch.equal(adv, torch.zeros(2, 4))
+
+
+@pytest.mark.parametrize(
+    ("rewards", "ends", "length", "group_size", "match"),
+    [
+        ([[1.0]], [[0], [1]], 4, 1, "1 completions but step_ends has 2"),
+        ([[1.0, 0.0]], [[0]], 4, 1, "completion 0: 2 step rewards but 1 step ends"),
+        ([[1.0], [1.0, 0.0]], [[0], [2, 2]], 4, 1, "completion 1, step 1: .*strictly increasing"),
+        ([[1.0], [1.0, 0.0]], [[0], [2, 4]], 4, 1, r"completion 1, step 1: step end 4 is outside \[0, 4\)"),
+        ([[1.0], [1.0]], [[-1], [0]], 4, 1, "completion 0, step 0: step end -1"),
+        ([[1.0], [0.0, float("nan")]], [[0], [1, 2]], 4, 2, "completion 1, step 1: reward nan"),
+        ([[1.0], [float("inf")]], [[0], [1]], 4, 2, "completion 1, step 0: reward inf"),
+        ([[1.0], [1.0], [1.0]], [[0], [0], [0]], 4, 2, "not a multiple of group_size 2"),
+        ([[1.0]], [[0]], 4, 0, "group_size must be >= 1"),
+    ],
+)
+def test_process_bad_input(rewards, ends, length, group_size, match):
+    with pytest.raises(ValueError, match=match):
+        process_advantages(rewards, ends, length, group_size)

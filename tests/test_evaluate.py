@@ -1,0 +1,185 @@
+"""Pass@K / Maj@K estimators against plain subset enumeration, worked examples, and the plot."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+
+from pipeline.evaluate import (
+    ks_up_to,
+    maj_at_k,
+    majority_answer,
+    pass_at_k,
+    plot_pass_maj,
+    summarize_samples,
+)
+
+
+def brute_pass(n: int, c: int, k: int) -> float:
+    """Fraction of k-subsets of n samples (the first c correct) holding at least one correct one."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(i < c for i in s) for s in subsets) / len(subsets)
+
+
+def brute_maj(answers, correct, k: int) -> float:
+    """Mean over every k-subset of the majority vote's correctness, ties split evenly, None never votes."""
+    total = 0.0
+    subsets = list(itertools.combinations(range(len(answers)), k))
+    for s in subsets:
+        votes = Counter(answers[i] for i in s if answers[i] is not None)
+        if not votes:
+            continue  # an all-None subset is wrong
+        top = max(votes.values())
+        leaders = [a for a, v in votes.items() if v == top]
+        right = {answers[i] for i in range(len(answers)) if correct[i]}
+        total += sum(a in right for a in leaders) / len(leaders)
+    return total / len(subsets)
+
+
+# --- pass@k ---
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_pass_at_k_matches_subset_enumeration(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(brute_pass(n, c, k), abs=1e-12)
+
+
+def test_pass_at_k_worked_example():
+    # 4 samples, 1 correct, K=2: 3 of the 6 pairs miss it, so 1 - 3/6.
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5, abs=1e-15)
+    # K=1 is the plain fraction correct.
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "c,k", [(0, 1), (1, 1), (1, 64), (3, 256), (10, 10), (500, 512), (100, 900), (1024, 1)]
+)
+def test_pass_at_k_stable_at_n_1024(c, k):
+    n = 1024
+    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))  # the binomials here overflow floats
+    got = pass_at_k(n, c, k)
+    assert 0.0 <= got <= 1.0
+    assert got == pytest.approx(float(exact), rel=1e-12, abs=1e-14)
+
+
+def test_pass_at_k_rejects_bad_arguments():
+    for n, c, k in [(4, 1, 5), (4, 1, 0), (4, -1, 1), (4, 5, 1), (0, 0, 1)]:
+        with pytest.raises(ValueError):
+            pass_at_k(n, c, k)
+
+
+# --- maj@k ---
+
+MAJ_CASES = [
+    (["a", "a", "b"], [1, 1, 0]),
+    (["a", "b", "c", "a", "b"], [0, 1, 0, 0, 1]),  # two-way ties between a right and a wrong answer
+    (["a", "b", "c", "d"], [1, 0, 0, 0]),  # every pair a tie
+    (["a", None, None, "b", "a", None], [1, 0, 0, 0, 1, 0]),  # None samples
+    ([None, None, None], [0, 0, 0]),  # all None: always wrong
+    ([None, "x", None, None], [0, 1, 0, 0]),  # a lone answer beats any number of Nones
+    (["w", "w", "w", "r", "r", None, "v", "r"], [0, 0, 0, 1, 1, 0, 0, 1]),
+    (["a"] * 7, [1] * 7),
+]
+
+
+@pytest.mark.parametrize("answers,correct", MAJ_CASES)
+def test_maj_at_k_matches_subset_enumeration(answers, correct):
+    for k in range(1, len(answers) + 1):
+        assert maj_at_k(answers, correct, k) == pytest.approx(brute_maj(answers, correct, k), abs=1e-12)
+
+
+def test_maj_at_k_worked_example():
+    # answers a, a, b with a right, K=2: the 3 pairs are {a,a} -> a wins (1), and {a,b} twice -> a 1-1
+    # tie, right half the time (0.5 each), so (1 + 0.5 + 0.5) / 3 = 2/3.
+    assert maj_at_k(["a", "a", "b"], [True, True, False], 2) == pytest.approx(2 / 3, abs=1e-12)
+    # K=1 with a None: the None draw is wrong, so Maj@1 = 2 right of 4 samples.
+    assert maj_at_k(["a", None, "a", "b"], [True, False, True, False], 1) == pytest.approx(0.5, abs=1e-12)
+    # K=n is the single full vote: b 2, a 2, None 1 -> a 2-2 tie -> 0.5.
+    assert maj_at_k(["a", "b", None, "b", "a"], [1, 0, 0, 0, 1], 5) == pytest.approx(0.5, abs=1e-12)
+
+
+def test_maj_at_k_monte_carlo_agrees_with_exact():
+    answers = ["r"] * 5 + ["w"] * 4 + ["v"] * 3 + [None] * 4
+    correct = [a == "r" for a in answers]
+    for k in (3, 8):
+        exact = maj_at_k(answers, correct, k)
+        mc = maj_at_k(answers, correct, k, max_exact=0, seed=1)
+        assert mc == pytest.approx(exact, abs=0.02)
+        assert maj_at_k(answers, correct, k, max_exact=0, seed=1) == mc  # seeded
+
+
+def test_maj_at_k_monte_carlo_at_n_1024():
+    # C(1024, 64) subsets is far past max_exact. With only r, w and None the vote depends on how many
+    # r and w a subset draws, so the exact value is a plain sum over that hypergeometric law.
+    n_r, n_w, n_none, k = 400, 300, 324, 64
+    answers = ["r"] * n_r + ["w"] * n_w + [None] * n_none
+    correct = [a == "r" for a in answers]
+    exact = Fraction(0)
+    for x_r in range(k + 1):
+        for x_w in range(k - x_r + 1):
+            score = 1 if x_r > x_w else Fraction(1, 2) if x_r == x_w > 0 else 0
+            exact += score * math.comb(n_r, x_r) * math.comb(n_w, x_w) * math.comb(n_none, k - x_r - x_w)
+    exact /= math.comb(n_r + n_w + n_none, k)
+    assert maj_at_k(answers, correct, k, num_samples=4000) == pytest.approx(float(exact), abs=0.02)
+
+
+def test_maj_at_k_rejects_bad_input():
+    with pytest.raises(ValueError, match="length"):
+        maj_at_k(["a", "b"], [True], 1)
+    with pytest.raises(ValueError, match="both correct and wrong"):
+        maj_at_k(["a", "b", "a"], [True, False, False], 2)
+    for k in (0, 4):
+        with pytest.raises(ValueError):
+            maj_at_k(["a", "b", "a"], [True, False, True], k)
+
+
+def test_majority_answer():
+    assert majority_answer(["b", None, "a", "a", "b", None, None]) == "b"  # tie: b seen first
+    assert majority_answer([None, "c", "a", "a"]) == "a"
+    assert majority_answer([None, None]) is None
+    assert majority_answer([]) is None
+
+
+# --- grid, summary, plot ---
+
+
+def test_ks_up_to():
+    assert ks_up_to(1) == [1]
+    assert ks_up_to(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert ks_up_to(100) == [1, 2, 4, 8, 16, 32, 64]
+    with pytest.raises(ValueError):
+        ks_up_to(0)
+
+
+def test_summarize_samples_means_over_problems():
+    problems = [
+        (["a", "a", "b", "c"], [True, True, False, False]),
+        ([None, "x", "y", "y"], [False, True, False, False]),
+    ]
+    summary = summarize_samples(problems, [1, 2, 4])
+    assert list(summary) == ["pass@1", "maj@1", "pass@2", "maj@2", "pass@4", "maj@4"]
+    # Pass@1 is the mean fraction correct: (2/4 + 1/4) / 2.
+    assert summary["pass@1"] == pytest.approx(0.375, abs=1e-12)
+    # Maj@4 is the full vote: a wins problem 1 (1), y wins problem 2 (0).
+    assert summary["maj@4"] == pytest.approx(0.5, abs=1e-12)
+    expected_maj2 = (brute_maj(*problems[0], 2) + brute_maj(*problems[1], 2)) / 2
+    assert summary["maj@2"] == pytest.approx(expected_maj2, abs=1e-12)
+    assert all(0.0 <= v <= 1.0 for v in summary.values())
+
+
+def test_plot_pass_maj_writes_png(tmp_path):
+    curves = {
+        "round 0": {"pass@1": 0.3, "maj@1": 0.3, "pass@2": 0.45, "maj@2": 0.32, "pass@4": 0.6, "maj@4": 0.4},
+        "round 3": {"pass@1": 0.4, "maj@1": 0.4, "pass@2": 0.5, "maj@2": 0.43, "pass@4": 0.58, "maj@4": 0.47},
+    }
+    out = plot_pass_maj(curves, tmp_path / "plots" / "pass_maj.png")
+    assert out == tmp_path / "plots" / "pass_maj.png"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 1000
+    assert [p.name for p in out.parent.iterdir()] == ["pass_maj.png"]  # no temp file left behind

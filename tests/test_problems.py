@@ -1,0 +1,390 @@
+"""Problem sets: generation, answer extraction, verifiers, gold step labels and input errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from pipeline import steps
+from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem, ProblemSet, load_problem_set
+from pipeline.problems.arithmetic import chain_values, format_solution, parse_prompt
+from pipeline.problems.base import answer_line_value
+
+GSM8K_DIR = Path("/work/shared/data/gsm8k")
+
+# The worked example of the brief: 7 +5 *3 -4 has the gold chain 7 -> 12 -> 36 -> 32.
+EXAMPLE = Problem(
+    id="arith-test-example",
+    prompt="7 +5 *3 -4\n",
+    answer="32",
+    solution="7+5=12\n12*3=36\n36-4=32\nAnswer: 32",
+)
+
+
+@pytest.fixture(scope="module")
+def arith() -> EmbeddedArithmetic:
+    return EmbeddedArithmetic(seed=0, num_train=300, num_test=50)
+
+
+@pytest.fixture(scope="module")
+def gsm8k() -> GSM8K:
+    return GSM8K.from_jsonl(GSM8K_DIR / "train.jsonl", GSM8K_DIR / "test.jsonl")
+
+
+def write_jsonl(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def row(question: str, answer: str) -> str:
+    return json.dumps({"question": question, "answer": answer})
+
+
+# ---------------------------------------------------------------- base
+
+
+def test_answer_line_value_takes_the_last_answer_line():
+    # The model's final word counts: a later Answer line overrides an earlier one; leading spaces are fine.
+    assert answer_line_value("Answer: 1\nx\n  Answer:  2 \n") == "2"
+    assert answer_line_value("no answer here") is None
+    # "Answer:" must start the line; mentioning it mid-line is not a statement of the answer.
+    assert answer_line_value("my Answer: 3") is None
+
+
+def test_default_split_steps_is_the_shared_convention(arith):
+    text = "7+5=12\n\n12*3=36  \nAnswer: 36\n"
+    assert arith.split_steps(text) == steps.split_steps(text) == ["7+5=12", "12*3=36", "Answer: 36"]
+
+
+def test_problem_sets_are_problem_sets(arith, gsm8k):
+    assert isinstance(arith, ProblemSet) and isinstance(gsm8k, ProblemSet)
+    assert arith.has_gold_step_labels is True and gsm8k.has_gold_step_labels is False
+
+
+# ---------------------------------------------------------------- arithmetic: generation
+
+PROMPT_RE = re.compile(r"\d+( [+\-*]\d+)+\n")
+
+
+def test_generated_problems_follow_the_format_and_the_ranges(arith):
+    for p in arith.train + arith.test:
+        assert PROMPT_RE.fullmatch(p.prompt), p.prompt
+        start, ops = parse_prompt(p.prompt)
+        values = chain_values(start, ops)
+        assert 2 <= len(ops) <= 3  # default min_steps, max_steps
+        assert 1 <= start <= 20  # default start_range
+        assert all(op in "+-*" and 1 <= b <= 9 for op, b in ops)  # default operators, operand_range
+        assert all(0 <= v <= 99 for v in values)  # every intermediate value within [0, max_value]
+        assert p.answer == str(values[-1])
+        assert p.solution == format_solution(start, ops)
+        assert p.solution.split("\n")[-1] == f"Answer: {p.answer}"
+
+
+def test_solution_format_on_the_worked_example():
+    assert format_solution(*parse_prompt(EXAMPLE.prompt)) == EXAMPLE.solution
+
+
+def test_ids_unique_and_splits_disjoint(arith):
+    assert len(arith.train) == 300 and len(arith.test) == 50
+    assert arith.train[42].id == "arith-train-00042" and arith.test[7].id == "arith-test-00007"
+    prompts = [p.prompt for p in arith.train + arith.test]
+    assert len(set(prompts)) == len(prompts)  # no duplicate within a split and none shared
+
+
+def test_generation_is_deterministic_per_seed(arith):
+    again = EmbeddedArithmetic(seed=0, num_train=300, num_test=50)
+    assert again.train == arith.train and again.test == arith.test
+    other = EmbeddedArithmetic(seed=1, num_train=300, num_test=50)
+    assert other.test != arith.test
+
+
+def test_test_set_does_not_depend_on_num_train(arith):
+    # The test set is drawn first, so a bigger training budget is evaluated on the same problems.
+    bigger = EmbeddedArithmetic(seed=0, num_train=1000, num_test=50)
+    assert bigger.test == arith.test
+    assert bigger.train[:300] == arith.train
+
+
+def test_every_operator_gets_used(arith):
+    ops = [op for p in arith.train for op, _ in parse_prompt(p.prompt)[1]]
+    assert set(ops) == {"+", "-", "*"}
+    # Operators are drawn uniformly among the usable ones, so none dominates (each ~1/3).
+    assert all(ops.count(op) / len(ops) > 0.25 for op in "+-*")
+
+
+def test_a_set_that_often_gets_stuck_still_stays_in_range():
+    # With only "-" a chain reaches 0 quickly and then has no usable operand >= 1: such draws are resampled.
+    subtract = EmbeddedArithmetic(num_train=20, num_test=5, operators=("-",), start_range=(10, 30), max_value=30)
+    for p in subtract.train + subtract.test:
+        assert all(v >= 0 for v in chain_values(*parse_prompt(p.prompt)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"operators": ()}, "operators"),
+        ({"operators": ("+", "/")}, "operators"),
+        ({"operators": ("+", "+")}, "operators"),
+        ({"min_steps": 4, "max_steps": 3}, "min_steps"),
+        ({"min_steps": 0}, "min_steps"),
+        ({"start_range": (20, 1)}, "start_range"),
+        ({"start_range": (1, 200)}, "start_range"),  # above max_value 99
+        ({"operand_range": (9, 1)}, "operand_range"),
+        ({"operand_range": (-3, 3)}, "operand_range"),
+        ({"max_value": -1}, "max_value"),
+        ({"num_train": -1}, "num_train"),
+        ({"num_test": 1.5}, "num_test"),
+        # 1 +1 +1 and 1 +1 +1 +1 are the only two problems these ranges allow.
+        ({"start_range": (1, 1), "operand_range": (1, 1), "operators": ("+",)}, "num_train"),
+        # 1..5 times 9 always exceeds 5: no chain can be made at all.
+        ({"start_range": (1, 5), "operand_range": (9, 9), "operators": ("*",), "max_value": 5}, "num_train"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_argument(kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        EmbeddedArithmetic(**{"num_train": 20, "num_test": 5, **kwargs})
+
+
+# ---------------------------------------------------------------- arithmetic: answers and verifier
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        (EXAMPLE.solution, "32"),
+        ("7+5=12\nAnswer: 12\n36-4=32\nAnswer: 032", "32"),  # last Answer line, canonical integer
+        ("Answer:32", "32"),  # no space needed after the colon
+        ("Answer: -5", "-5"),
+        ("7+5=12\n12*3=36\n36-4=32", None),  # no Answer line
+        ("Answer: 32 apples", None),  # not exactly one integer
+        ("Answer: 30+2", None),  # parsed, never evaluated
+        ("Answer:", None),
+    ],
+)
+def test_arithmetic_extract_answer(arith, completion, expected):
+    assert arith.extract_answer(completion) == expected
+
+
+def test_arithmetic_is_correct(arith):
+    assert arith.is_correct(EXAMPLE.solution, EXAMPLE)
+    assert arith.is_correct("Answer: 032", EXAMPLE)  # compared as integers
+    assert not arith.is_correct("Answer: 31", EXAMPLE)
+    assert not arith.is_correct("36-4=32", EXAMPLE)  # the right number, but never stated as the answer
+    for p in arith.train + arith.test:
+        assert arith.is_correct(p.solution, p)
+
+
+# ---------------------------------------------------------------- arithmetic: gold step labels
+
+
+@pytest.mark.parametrize(
+    ("completion", "labels"),
+    [
+        # The gold solution: every step right.
+        (EXAMPLE.solution, [1, 1, 1, 1]),
+        # Spaces around tokens are allowed, blank lines are not steps.
+        (" 7 + 5 = 12\n\n12 * 3=36\n36 -4 = 32\nAnswer:32\n", [1, 1, 1, 1]),
+        # Wrong arithmetic at step 1 (12*3 is 36), carried forward: step 2 starts from 35, not the gold 36,
+        # and the final answer is wrong, so all three are 0.
+        ("7+5=12\n12*3=35\n35-4=31\nAnswer: 31", [1, 0, 0, 0]),
+        # Same slip, but step 2 goes back to the gold value 36: labels measure each step against the gold
+        # chain, so step 2 and the Answer line are right again.
+        ("7+5=12\n12*3=35\n36-4=32\nAnswer: 32", [1, 0, 1, 1]),
+        # Wrong operand: 7+6=13 is true arithmetic but not the problem's operation; the rest follows it.
+        ("7+6=13\n13*3=39\n39-4=35\nAnswer: 35", [0, 0, 0, 0]),
+        # Wrong operator at step 2 (36+4 instead of 36-4).
+        ("7+5=12\n12*3=36\n36+4=40\nAnswer: 40", [1, 1, 0, 0]),
+        # Right chain, wrong final answer.
+        ("7+5=12\n12*3=36\n36-4=32\nAnswer: 31", [1, 1, 1, 0]),
+        # Premature Answer line: at position 2 the operation 36-4 is due, so an Answer line there is wrong,
+        # whether it states the running value 36 or even the gold 32.
+        ("7+5=12\n12*3=36\nAnswer: 36", [1, 1, 0]),
+        ("7+5=12\n12*3=36\nAnswer: 32", [1, 1, 0]),
+        # Extra lines after the Answer line are wrong, whatever they say.
+        (EXAMPLE.solution + "\nAnswer: 32", [1, 1, 1, 1, 0]),
+        (EXAMPLE.solution + "\n32+0=32\nthe end", [1, 1, 1, 1, 0, 0]),
+        # Missing Answer line: the operation steps keep their labels, there is simply no Answer step.
+        ("7+5=12\n12*3=36\n36-4=32", [1, 1, 1]),
+        # Garbage and near-misses do not parse.
+        ("hello\n7+5=12 !\n12x3=36\n36-4=32=32", [0, 0, 0, 0]),
+        ("", []),
+    ],
+)
+def test_gold_step_labels_hand_made(arith, completion, labels):
+    assert arith.gold_step_labels(completion, EXAMPLE) == labels
+    assert len(labels) == len(arith.split_steps(completion))  # one label per step, always
+
+
+def test_gold_solutions_get_all_ones(arith):
+    for p in arith.train + arith.test:
+        assert arith.gold_step_labels(p.solution, p) == [1] * len(arith.split_steps(p.solution))
+
+
+def test_one_wrong_result_marks_exactly_that_step(arith):
+    # Changing the result of step k (and nothing else) breaks step k only: step k+1 still starts from the
+    # gold value, so against the gold chain it is right.
+    for p in arith.test:
+        lines = p.solution.split("\n")
+        for k in range(len(lines) - 1):
+            lhs, result = lines[k].split("=")
+            broken = "\n".join(lines[:k] + [f"{lhs}={int(result) + 1}"] + lines[k + 1 :])
+            expected = [int(i != k) for i in range(len(lines))]
+            assert arith.gold_step_labels(broken, p) == expected
+
+
+# ---------------------------------------------------------------- gsm8k: loading
+
+
+def test_gsm8k_loads_the_shared_files(gsm8k):
+    assert len(gsm8k.train) == 7473 and len(gsm8k.test) == 1319  # the lines of train.jsonl / test.jsonl
+    first = gsm8k.train[0]
+    assert first.id == "gsm8k-train-00000" and gsm8k.test[17].id == "gsm8k-test-00017"
+    assert first.prompt.startswith("Solve the problem step by step")
+    assert "Question: Natalia sold clips to 48 of her friends" in first.prompt
+    assert first.prompt.endswith("\nSolution:\n")
+    assert first.answer == "72"
+    # The calculator annotations <<48/2=24>> and <<48+24=72>> are gone; the answer closes the solution.
+    assert first.solution == (
+        "Natalia sold 48/2 = 24 clips in May.\n"
+        "Natalia sold 48+24 = 72 clips altogether in April and May.\n"
+        "Answer: 72"
+    )
+
+
+def test_gsm8k_answers_are_canonical(gsm8k):
+    for p in gsm8k.train + gsm8k.test:
+        assert re.fullmatch(r"-?\d+(\.\d+)?", p.answer), p.answer  # commas gone
+        assert "<<" not in p.solution and p.solution.endswith(f"\nAnswer: {p.answer}")
+    # Some rows end with "#### 10,000": the first of them is checked by value.
+    raw = [json.loads(line) for line in (GSM8K_DIR / "train.jsonl").read_text().splitlines()]
+    i = next(i for i, r in enumerate(raw) if r["answer"].endswith("#### 10,000"))
+    assert gsm8k.train[i].answer == "10000"
+
+
+def test_gsm8k_num_train_num_test_take_a_prefix(gsm8k):
+    small = GSM8K.from_jsonl(GSM8K_DIR / "train.jsonl", GSM8K_DIR / "test.jsonl", num_train=5, num_test=3)
+    assert small.train == gsm8k.train[:5] and small.test == gsm8k.test[:3]
+    with pytest.raises(ValueError, match="num_test=2000"):
+        GSM8K.from_jsonl(GSM8K_DIR / "train.jsonl", GSM8K_DIR / "test.jsonl", num_test=2000)
+
+
+def test_gsm8k_missing_file(tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", [row("q", "#### 1")])
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        GSM8K.from_jsonl(train, tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([], "empty"),
+        (["", "  "], "empty"),  # blank lines only
+        ([row("a", "#### 1"), "{not json"], "bad.jsonl line 2: invalid JSON"),
+        ([json.dumps({"answer": "#### 1"})], "bad.jsonl line 1: missing or empty field 'question'"),
+        ([json.dumps({"question": "q"})], "bad.jsonl line 1: missing or empty field 'answer'"),
+        ([json.dumps(["q", "#### 1"])], "bad.jsonl line 1: expected a JSON object"),
+        ([row("a", "1+1=2")], "bad.jsonl line 1: answer has no '#### <number>' line"),
+        ([row("a", "#### 1"), row("b", "x\n#### abc")], "bad.jsonl line 2: gold answer 'abc' is not a number"),
+        # A blank line still counts in the numbering, so the error points at the right line of the file.
+        ([row("a", "#### 1"), "", row("b", "#### 1"), row("a", "#### 2")], "line 4: duplicate.*line 1"),
+    ],
+)
+def test_gsm8k_bad_rows_name_file_and_line(tmp_path, lines, message):
+    good = write_jsonl(tmp_path / "test.jsonl", [row("z", "#### 9")])
+    bad = write_jsonl(tmp_path / "bad.jsonl", lines)
+    with pytest.raises(ValueError, match=message):
+        GSM8K.from_jsonl(bad, good)
+
+
+def test_gsm8k_rejects_a_test_question_in_train(tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", [row("a", "#### 1"), row("b", "#### 2")])
+    test = write_jsonl(tmp_path / "test.jsonl", [row("b", "#### 2")])
+    with pytest.raises(ValueError, match="also appear in train"):
+        GSM8K.from_jsonl(train, test)
+
+
+# ---------------------------------------------------------------- gsm8k: answers and verifier
+
+CLIPS = Problem(id="gsm8k-x", prompt="Question: clips\nSolution:\n", answer="72", solution="Answer: 72")
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("48+24 = 72\nAnswer: 72", "72"),
+        ("Answer: $1,036.", "1036"),  # dollar sign, commas and a final period are formatting
+        ("Answer: 0.50", "0.5"),
+        ("Answer: 72.0", "72"),
+        ("Answer: 15%", "15"),  # GSM8K states percentages as plain numbers
+        # Anything but a plain number goes through math-verify, and equal values give equal strings:
+        ("Answer: 72 clips", "72"),
+        ("Answer: \\frac{144}{2}", "72"),
+        ("Answer: \\frac{1}{2}", "0.5"),  # a terminating fraction becomes a decimal, like "0.50" above
+        ("Answer: 1/3", "1/3"),  # a non-terminating one stays a fraction
+        ("Answer: \\sqrt{2}", None),  # not a rational number: not a GSM8K answer
+        ("Answer: 70\nAnswer: 72", "72"),  # the last Answer line
+        ("so 72 clips", None),  # no Answer line: extract_answer states nothing (is_correct falls back)
+        ("Answer: none", None),
+    ],
+)
+def test_gsm8k_extract_answer(gsm8k, completion, expected):
+    assert gsm8k.extract_answer(completion) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "correct"),
+    [
+        ("48/2 = 24\n48+24 = 72\nAnswer: 72", True),
+        ("Answer: 72.00", True),
+        ("Answer: $72", True),
+        ("Answer: 72 clips", True),
+        ("Answer: 73", False),
+        ("Answer: 72\nAnswer: 73", False),  # the final word counts
+        ("48+24 = 72\nso she sold 72 clips", True),  # no Answer line: the last number
+        ("she sold 72 clips, or 70 if", False),  # ... and only the last one
+        ("no numbers at all", False),
+        ("", False),
+        ("Answer: \\frac{144}{2}", True),  # no plain number: math-verify reads it
+    ],
+)
+def test_gsm8k_is_correct(gsm8k, completion, correct):
+    assert gsm8k.is_correct(completion, CLIPS) is correct
+
+
+def test_gsm8k_gold_solutions_verify_and_have_no_step_labels(gsm8k):
+    for p in gsm8k.test[:30]:
+        assert gsm8k.is_correct(p.solution, p)
+        assert gsm8k.gold_step_labels(p.solution, p) is None
+
+
+def test_gsm8k_is_correct_off_the_main_thread(gsm8k):
+    # math-verify's timeout uses SIGALRM, which a worker thread may not set; the verifier must still work.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert pool.submit(gsm8k.is_correct, "Answer: 72", CLIPS).result() is True
+        assert pool.submit(gsm8k.is_correct, "Answer: 71", CLIPS).result() is False
+
+
+# ---------------------------------------------------------------- load_problem_set
+
+
+def test_load_problem_set_arithmetic():
+    ps = load_problem_set("arithmetic", seed=3, num_train=10, num_test=4)
+    assert isinstance(ps, EmbeddedArithmetic) and len(ps.train) == 10 and len(ps.test) == 4
+
+
+def test_load_problem_set_gsm8k_from_files():
+    ps = load_problem_set(
+        "gsm8k", train_path=GSM8K_DIR / "train.jsonl", test_path=str(GSM8K_DIR / "test.jsonl"), num_test=2
+    )
+    assert isinstance(ps, GSM8K) and len(ps.test) == 2
+
+
+def test_load_problem_set_errors():
+    with pytest.raises(ValueError, match="arithmetic.*gsm8k"):  # the known kinds are listed
+        load_problem_set("math")
+    with pytest.raises(ValueError, match="test_path"):
+        load_problem_set("gsm8k", train_path=GSM8K_DIR / "train.jsonl")
