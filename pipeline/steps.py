@@ -98,3 +98,17 @@ def token_char_ends(token_texts: Sequence[str]) -> list[tuple[int, int]]:
         spans.append((pos, pos + len(t)))
         pos += len(t)
     return spans
+
+
+def scored_step_ends(text: str) -> list[int]:
+    """Where a PRM reads scores for `text`: its step ends, or, for a blank completion, its last character.
+
+    Every completion thus gets at least one score, so an empty answer is judged (badly) rather than skipped.
+    `-1` (an empty completion) means the character before the completion: the prompt's last one.
+
+    >>> scored_step_ends("a\\nb")
+    [1, 2]
+    >>> scored_step_ends("")
+    [-1]
+    """
+    return step_char_ends(text) or [len(text) - 1]

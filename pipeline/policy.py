@@ -1,0 +1,206 @@
+"""The GRPO phase: TRL's GRPOTrainer with outcome supervision, or process supervision from a PRM.
+
+Process supervision (DeepSeekMath §4.1.3) needs per-token advantages. TRL's `_compute_loss` accepts
+`(B, T)` advantages from a subclass, so `ProcessGRPOTrainer` overrides only
+`_generate_and_score_completions`: TRL generates and scores as usual, then the PRM scores every step and
+the advantages are replaced by `process_advantages`. Everything else (loss types, clipping, KL) is TRL's.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from trl import GRPOTrainer
+
+from models import load_reward_model, save_model
+from models.factories import load_tokenizer
+from pipeline.advantages import process_advantages
+from pipeline.config import PipelineConfig, grpo_config
+from pipeline.problems import ProblemSet
+from pipeline.rewards import OrmScorer, PrmScorer, checked, verifier_reward
+from pipeline.steps import char_to_token_ends, scored_step_ends, token_char_ends
+
+
+def completion_step_ends(token_texts: list[str]) -> list[int]:
+    """Token index (inclusive) of each step's end in a completion given as decoded tokens.
+
+    One entry per step, matching where `PrmScorer` reads its scores; a blank completion is one step
+    ending at its last token. Steps whose ends fall on one token repeat it (see `dedupe_steps`).
+
+    >>> completion_step_ends(["1", "=", "1", "\\n", "A", "\\n"])
+    [3, 5]
+    >>> completion_step_ends([""])
+    [0]
+    """
+    text = "".join(token_texts)
+    if not text.strip():
+        return [max(len(token_texts) - 1, 0)]
+    return char_to_token_ends(token_char_ends(token_texts), scored_step_ends(text))
+
+
+def dedupe_steps(scores: list[float], ends: list[int]) -> tuple[list[float], list[int]]:
+    """One step per token: when steps end on the same token (a multi-character token), the last one's score wins.
+
+    >>> dedupe_steps([0.1, 0.9, 0.5], [3, 3, 7])
+    ([0.9, 0.5], [3, 7])
+    """
+    kept: dict[int, float] = {}
+    for s, e in zip(scores, ends):
+        kept[e] = s
+    return list(kept.values()), list(kept)
+
+
+class ProcessGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose advantages come from a PRM's step rewards in `process` mode.
+
+    Args:
+        prm_scorer: scores each step of `prompt + completion` (required in process mode).
+        supervision: "outcome" (TRL unchanged) or "process".
+    """
+
+    def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str = "outcome", **kwargs):
+        if supervision not in ("outcome", "process"):
+            raise ValueError(f"supervision must be 'outcome' or 'process', got {supervision!r}")
+        if supervision == "process" and prm_scorer is None:
+            raise ValueError("process supervision needs a PRM (prm_scorer)")
+        super().__init__(*args, **kwargs)
+        self.prm_scorer, self.supervision = prm_scorer, supervision
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if self.supervision != "process":
+            return out
+        ids, mask = out["completion_ids"], out["completion_mask"]  # (B, T)
+        lengths = mask.sum(1).tolist()
+        pieces = [
+            [self.processing_class.decode([t], skip_special_tokens=True) for t in row[: max(int(n), 1)].tolist()]
+            for row, n in zip(ids, lengths)
+        ]
+        prompts = [x["prompt"] for x in inputs]
+        scores = self.prm_scorer.step_scores(prompts, ["".join(p) for p in pieces])
+        steps = [dedupe_steps(s, completion_step_ends(p)) for s, p in zip(scores, pieces)]
+        scores, ends = [s for s, _ in steps], [e for _, e in steps]
+
+        # A group's completions may sit on several processes: normalise over the gathered group.
+        from accelerate.utils import gather_object
+
+        all_scores, all_ends = gather_object(scores), gather_object(ends)
+        length = max(max(e) for e in all_ends) + 1
+        adv = process_advantages(all_scores, all_ends, max(length, ids.shape[1]), self.num_generations)  # (B_all, T')
+        start = self.accelerator.process_index * len(prompts)
+        out["advantages"] = adv[start : start + len(prompts), : ids.shape[1]].to(ids.device)  # (B, T)
+
+        mode = "train" if self.model.training else "eval"
+        flat = [v for s in all_scores for v in s]
+        group_spread = [
+            max(v for s in all_scores[g : g + self.num_generations] for v in s)
+            - min(v for s in all_scores[g : g + self.num_generations] for v in s)
+            for g in range(0, len(all_scores), self.num_generations)
+        ]
+        self._metrics[mode]["process/step_reward_mean"].append(sum(flat) / len(flat))
+        self._metrics[mode]["process/steps_per_completion"].append(len(flat) / len(all_scores))
+        self._metrics[mode]["process/frac_groups_zero_spread"].append(
+            sum(s < 1e-6 for s in group_spread) / len(group_spread)
+        )
+        return out
+
+
+@dataclass
+class PolicyPhaseResult:
+    policy_path: Path
+    metrics: dict[str, float]
+
+
+def round_prompts(problem_set: ProblemSet, count: int, seed: int, round_index: int) -> Dataset:
+    """The training prompts offered to GRPO in a round: a seeded draw from the training problems."""
+    problems = list(problem_set.train)
+    random.Random(seed * 1000 + round_index).shuffle(problems)
+    rows = [{"prompt": p.prompt, "answer": p.answer, "prompt_id": p.id, "solution": p.solution} for p in problems]
+    return Dataset.from_list(rows[: min(count, len(rows))])
+
+
+def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, orm: OrmScorer | None):
+    """Reward functions and weights for GRPOTrainer (in process mode the verifier is there for logging only)."""
+    funcs, weights = [checked(verifier_reward(problem_set), "verifier")], [cfg.supervision.verifier_weight]
+    if cfg.supervision.mode == "outcome" and cfg.supervision.orm_weight > 0:
+        funcs.append(checked(orm.as_reward(), "orm"))
+        weights.append(cfg.supervision.orm_weight)
+    if cfg.supervision.mode == "process":
+        weights = [1.0]
+    return funcs, weights
+
+
+def run_policy_phase(
+    cfg: PipelineConfig,
+    problem_set: ProblemSet,
+    policy_path: str | Path,
+    out_dir: str | Path,
+    round_index: int,
+    reward_model_path: str | Path | None = None,
+    orm_path: str | Path | None = None,
+    report_to: str = "none",
+    callbacks=None,
+) -> PolicyPhaseResult:
+    """One round of GRPO from `policy_path`, saved to `out_dir`.
+
+    The reference model is the round's starting policy (π_ref ← π_θ): TRL loads it from the same path.
+    In process mode `reward_model_path` is the PRM; in outcome mode with `orm_weight > 0`, `orm_path`.
+    """
+    mode = cfg.supervision.mode
+    # Reward models first: a wrong path or a wrong kind fails before any training.
+    prm = orm = None
+    if mode == "process":
+        if reward_model_path is None:
+            raise ValueError("process supervision needs a PRM: give --reward-model PATH")
+        model, tok, _ = load_reward_model(reward_model_path, expect="prm")
+        prm = PrmScorer(model, tok, batch_size=cfg.collect.batch_size)
+    if mode == "outcome" and cfg.supervision.orm_weight > 0:
+        if orm_path is None:
+            raise ValueError("supervision.orm_weight > 0 needs an ORM: give --reward-model PATH")
+        model, tok, _ = load_reward_model(orm_path, expect="orm")
+        orm = OrmScorer(model, tok, batch_size=cfg.collect.batch_size)
+    funcs, weights = build_reward_funcs(cfg, problem_set, orm)
+    data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index)
+
+    peft_config = None
+    if cfg.policy.lora:
+        from peft import LoraConfig
+
+        lo = cfg.policy.lora
+        peft_config = LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout,
+                                 target_modules=lo.target_modules, task_type="CAUSAL_LM")
+
+    tokenizer = load_tokenizer(str(policy_path))
+    with tempfile.TemporaryDirectory() as tmp:
+        args = grpo_config(cfg, tmp, reward_weights=weights, report_to=report_to,
+                           seed=cfg.run.seed + round_index, run_name=f"grpo-round-{round_index}")
+        trainer = ProcessGRPOTrainer(
+            model=str(policy_path), reward_funcs=funcs, args=args, train_dataset=data,
+            processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
+            prm_scorer=prm, supervision=mode,
+        )
+        trainer.train()
+    save_model(trainer.model, tokenizer, out_dir)
+    return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history))
+
+
+def policy_metrics(log_history: list[dict]) -> dict[str, float]:
+    """Training reward at the start and end of the phase (first and last logged values), and the loss."""
+    logs = [h for h in log_history if "reward" in h]
+    if not logs:
+        return {}
+    k = max(1, len(logs) // 4)  # average a quarter at each end: single logs are noisy
+    mean = lambda xs, key: sum(x[key] for x in xs) / len(xs)  # noqa: E731
+    out = {
+        "policy/reward_start": mean(logs[:k], "reward"),
+        "policy/reward_end": mean(logs[-k:], "reward"),
+        "policy/steps": float(log_history[-1].get("step", len(logs))),
+    }
+    if "loss" in logs[-1]:
+        out["policy/loss_end"] = mean(logs[-k:], "loss")
+    return out
