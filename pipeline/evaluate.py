@@ -284,3 +284,21 @@ def evaluate_policy(
         "completions_per_s": len(prompts) * n / sampled.seconds,
     }
     return PolicyEval(metrics, sampled.texts, answers, correct)
+
+
+def best_of_n_accuracy(
+    scores: Sequence[Sequence[float]], correct: Sequence[Sequence[bool]], answers: Sequence[Sequence[str | None]], n: int
+) -> dict[str, float]:
+    """Accuracy when picking one of the first `n` samples per problem: by highest RM score, by majority vote,
+    and at random (in expectation). Ties in score go to the earlier sample.
+
+    >>> best_of_n_accuracy([[0.2, 0.9, 0.1]], [[False, True, False]], [["1", "2", "1"]], 3)
+    {'rm': 1.0, 'majority': 0.0, 'random': 0.3333333333333333}
+    """
+    rm, maj, rnd = [], [], []
+    for s, c, a in zip(scores, correct, answers):
+        s, c, a = list(s)[:n], list(c)[:n], list(a)[:n]
+        rm.append(float(c[max(range(len(s)), key=lambda i: (s[i], -i))]))
+        maj.append(maj_at_k(a, c, len(a)))
+        rnd.append(sum(c) / len(c))
+    return {"rm": float(np.mean(rm)), "majority": float(np.mean(maj)), "random": float(np.mean(rnd))}

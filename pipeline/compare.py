@@ -1,0 +1,65 @@
+"""`igrpo compare`: Pass@K / Maj@K / greedy per round of several pipeline runs, and a Fig. 7-style plot."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.evaluate import plot_pass_maj
+from pipeline.fsutil import read_json
+
+
+def rounds_from_run_dir(run_dir: Path) -> dict[int, dict[str, float]]:
+    """round -> eval metrics (`greedy`, `pass@K`, `maj@K`) from each round's eval.json."""
+    out = {}
+    for path in sorted(run_dir.glob("round-*/eval.json")):
+        data = read_json(path)
+        out[int(data["round"])] = {"greedy": data["metrics"]["eval/greedy"], **data["curve"]}
+    if not out:
+        raise FileNotFoundError(f"{run_dir}: no round-*/eval.json: not a run directory, or no round evaluated yet")
+    return out
+
+
+def rounds_from_mlflow(run_id: str, tracking_uri: str | None) -> dict[int, dict[str, float]]:
+    """round -> eval metrics from the cross-round metrics of an MLflow parent run."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient()
+    run = client.get_run(run_id)
+    out: dict[int, dict[str, float]] = {}
+    for key in run.data.metrics:
+        m = re.fullmatch(r"eval/(greedy|pass_at_\d+|maj_at_\d+)", key)
+        if m:
+            for point in client.get_metric_history(run_id, key):
+                out.setdefault(point.step, {})[m.group(1).replace("_at_", "@")] = point.value
+    if not out:
+        raise ValueError(f"MLflow run {run_id} has no eval/* metrics: is it a pipeline (parent) run?")
+    return out
+
+
+def _ks(metrics: dict[str, float]) -> list[int]:
+    return sorted(int(k.split("@")[1]) for k in metrics if k.startswith("pass@"))
+
+
+def compare(runs: list[str], out: str | Path = "compare.png", tracking_uri: str | None = None) -> tuple[str, Path]:
+    """A text table (one row per run and round) and a plot of round 0 against the last round of each run."""
+    tables, curves = [], {}
+    for ref in runs:
+        path = Path(ref)
+        per_round = rounds_from_run_dir(path) if path.exists() else rounds_from_mlflow(ref, tracking_uri)
+        label = path.name if path.exists() else ref[:8]
+        tables.append((label, per_round))
+        first, last = min(per_round), max(per_round)
+        for r in sorted({first, last}):
+            curves[f"{label} round {r}"] = {k: v for k, v in per_round[r].items() if "@" in k}
+    ks = sorted({k for _, pr in tables for m in pr.values() for k in _ks(m)})
+    cols = ["greedy"] + [f"{m}@{k}" for k in ks for m in ("pass", "maj")]
+    lines = [f"{'run':<24}{'round':>6}" + "".join(f"{c:>10}" for c in cols)]
+    for label, per_round in tables:
+        for r, m in sorted(per_round.items()):
+            cells = "".join(f"{m[c]:>10.3f}" if c in m else f"{'-':>10}" for c in cols)
+            lines.append(f"{label:<24}{r:>6}" + cells)
+    return "\n".join(lines), plot_pass_maj(curves, out)

@@ -1,0 +1,215 @@
+"""The reward-model phase: ORM and PRM retraining each round, warm-started, on the new shard plus replay.
+
+- ORM: sequence classification, one logit, binary cross-entropy on the verifier's outcome labels.
+- PRM: token classification, one logit, binary cross-entropy only at step ends (Math-Shepherd's format,
+  the step's closing newline standing in for the tag token), target HE or SE.
+Both train with transformers' Trainer; round 0 starts from the policy's backbone with a new head, later
+rounds from the previous round's RM (DeepSeekMath Algorithm 1: "continuous training").
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import Trainer, TrainingArguments
+
+from models import load_reward_model, reward_model_from_policy, save_model
+from models.factories import apply_lora
+from pipeline.config import PipelineConfig, device_defaults
+from pipeline.replay import ReplayBuffer
+from pipeline.rewards import OrmScorer, PrmScorer, aggregate
+from pipeline.steps import char_to_token_ends, step_char_ends
+
+
+def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """ROC AUC by the rank-sum (Mann-Whitney) formula, ties counted half; NaN when one class is absent.
+
+    >>> auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
+    0.75
+    """
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    if not pos or not neg:
+        return float("nan")
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def accuracy(scores: Sequence[float], labels: Sequence[float], threshold: float = 0.5) -> float:
+    pairs = list(zip(scores, labels))
+    return sum((s >= threshold) == (y >= threshold) for s, y in pairs) / len(pairs) if pairs else float("nan")
+
+
+def split_holdout(rows: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Hold out whole prompts (all samples of a prompt on one side), so the eval never sees a train prompt."""
+    ids = sorted({r["prompt_id"] for r in rows})
+    random.Random(seed).shuffle(ids)
+    held = set(ids[: round(fraction * len(ids))])
+    return [r for r in rows if r["prompt_id"] not in held], [r for r in rows if r["prompt_id"] in held]
+
+
+# --- datasets -------------------------------------------------------------------------------------
+
+
+def prm_examples(rows: list[dict], tokenizer, target: str) -> list[dict]:
+    """Token ids of `prompt + completion` with a label at each step end and -100 elsewhere."""
+    key = "he_labels" if target == "hard" else "se_labels"
+    out = []
+    for r in rows:
+        ends = step_char_ends(r["completion"])
+        if not ends:
+            continue  # a blank completion has no step to label
+        enc = tokenizer(r["prompt"] + r["completion"], return_offsets_mapping=True)
+        idx = char_to_token_ends(enc["offset_mapping"], [len(r["prompt"]) + e for e in ends])
+        labels = [-100.0] * len(enc["input_ids"])
+        for i, y in zip(idx, r[key]):
+            labels[i] = float(y)
+        out.append({"input_ids": enc["input_ids"], "labels": labels})
+    return out
+
+
+def orm_examples(rows: list[dict], tokenizer) -> list[dict]:
+    return [
+        {"input_ids": tokenizer(r["prompt"] + r["completion"])["input_ids"], "labels": float(r["outcome"])}
+        for r in rows
+    ]
+
+
+def collate(pad_id: int):
+    """Right-pad input ids; token labels pad with -100 (ignored), scalar labels stay (B,)."""
+
+    def fn(batch: list[dict]) -> dict[str, torch.Tensor]:
+        width = max(len(b["input_ids"]) for b in batch)
+        ids = torch.full((len(batch), width), pad_id)  # (B, T)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)  # (B, T)
+        for i, b in enumerate(batch):
+            ids[i, : len(b["input_ids"])] = torch.tensor(b["input_ids"])
+            mask[i, : len(b["input_ids"])] = 1
+        if isinstance(batch[0]["labels"], list):
+            labels = torch.full((len(batch), width), -100.0)  # (B, T)
+            for i, b in enumerate(batch):
+                labels[i, : len(b["labels"])] = torch.tensor(b["labels"])
+        else:
+            labels = torch.tensor([b["labels"] for b in batch])  # (B,)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    return fn
+
+
+def bce_loss(outputs, labels, num_items_in_batch=None):
+    """BCE with logits where labels are not -100: at step ends (PRM, (B, T)) or per sequence (ORM, (B,))."""
+    logits = outputs.logits[..., 0].float()  # (B, T) or (B,)
+    keep = labels != -100
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits[keep], labels[keep].float())
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+@dataclass
+class RewardModelResult:
+    paths: dict[str, Path]  # kind -> checkpoint
+    metrics: dict[str, float]
+
+
+def train_reward_model(
+    cfg: PipelineConfig,
+    kind: str,
+    rows: list[dict],
+    init: str | Path,
+    out_dir: str | Path,
+    warm: bool,
+    report_to: str = "none",
+    callbacks=None,
+) -> Path:
+    """Train one RM (`kind` 'orm' or 'prm') on `rows` from `init` (a previous RM if `warm`, else the policy)."""
+    if warm:
+        model, tokenizer, _ = load_reward_model(init, expect=kind)
+    else:
+        model, tokenizer = reward_model_from_policy(str(init), kind)
+    examples = prm_examples(rows, tokenizer, cfg.reward_model.target) if kind == "prm" else orm_examples(rows, tokenizer)
+    if not examples:
+        raise ValueError(f"no {kind.upper()} training examples: the shard has no completion with a step")
+    if cfg.reward_model.lora:
+        lo = cfg.reward_model.lora
+        model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules,
+                           "TOKEN_CLS" if kind == "prm" else "SEQ_CLS")
+    defaults = {"report_to": report_to, "save_strategy": "no", "seed": cfg.run.seed, "remove_unused_columns": False,
+                "run_name": f"{kind}-training", **device_defaults()}
+    with tempfile.TemporaryDirectory() as tmp:
+        args = TrainingArguments(output_dir=tmp, **{**defaults, **cfg.reward_model.train_args})
+        trainer = Trainer(
+            model=model, args=args, train_dataset=Dataset.from_list(examples),
+            data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
+        )
+        trainer.train()
+    return save_model(trainer.model, tokenizer, out_dir)
+
+
+def evaluate_reward_model(path: str | Path, kind: str, rows: list[dict], aggregation: str = "min") -> dict[str, float]:
+    """RM quality on held-out rows: ORM AUC/accuracy on outcomes; PRM step AUC/accuracy vs MC (HE) and gold."""
+    model, tokenizer, _ = load_reward_model(path, expect=kind)
+    prompts, texts = [r["prompt"] for r in rows], [r["completion"] for r in rows]
+    outcomes = [r["outcome"] for r in rows]
+    if kind == "orm":
+        s = OrmScorer(model, tokenizer)(prompts, texts)
+        return {"orm/auc": auc(s, outcomes), "orm/accuracy": accuracy(s, outcomes), "orm/mean_score": _mean(s)}
+    steps = PrmScorer(model, tokenizer).step_scores(prompts, texts)
+    out: dict[str, float] = {}
+    for name, key in (("mc", "he_labels"), ("gold", "gold_labels")):
+        pairs = [(s, y) for sc, r in zip(steps, rows) if r[key] and len(r[key]) == len(sc) for s, y in zip(sc, r[key])]
+        if pairs:
+            out[f"prm/step_auc_{name}"] = auc(*zip(*pairs))
+            out[f"prm/step_accuracy_{name}"] = accuracy(*zip(*pairs))
+    solution = [aggregate(s, aggregation) for s in steps]
+    out["prm/solution_auc"] = auc(solution, outcomes)
+    out["prm/mean_score"] = _mean(solution)
+    return out
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def run_reward_model_phase(
+    cfg: PipelineConfig,
+    run_dir: str | Path,
+    round_index: int,
+    policy_path: str | Path,
+    previous: dict[str, str] | None = None,
+    report_to: str = "none",
+    callbacks=None,
+) -> RewardModelResult:
+    """Retrain each RM of `reward_model.kinds` on the round's shard plus a replay of earlier shards.
+
+    Args:
+        previous: kind -> the previous round's checkpoint (warm start); None or missing: from the policy.
+    """
+    rm = cfg.reward_model
+    run_dir = Path(run_dir)
+    buffer = ReplayBuffer(run_dir)
+    # Data: the whole new shard (minus a held-out slice of prompts) plus replay_fraction of history.
+    train_rows, held = split_holdout(buffer.read(round_index), rm.holdout_fraction, cfg.run.seed + round_index)
+    replay = buffer.sample_history(rm.replay_fraction, round_index, seed=cfg.run.seed + round_index)
+    rows = train_rows + replay
+    positives = sum(r["outcome"] for r in rows)
+    metrics = {
+        "rm/train_rows": float(len(rows)), "rm/replay_rows": float(len(replay)),
+        "rm/outcome_positive_share": positives / max(len(rows), 1),
+        "rm/step_positive_share": _mean([y for r in rows for y in r["he_labels"]]),
+    }
+    paths = {}
+    for kind in rm.kinds:
+        prev = (previous or {}).get(kind)
+        warm = bool(rm.warm_start and prev)
+        out = run_dir / f"round-{round_index:03d}" / "reward_model" / kind
+        paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to, callbacks)
+        if held:
+            metrics.update(evaluate_reward_model(paths[kind], kind, held, rm.aggregation))
+    return RewardModelResult(paths, metrics)

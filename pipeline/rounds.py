@@ -1,0 +1,142 @@
+"""Each phase of a round, run once: outputs recorded in the manifest, metrics in the phase's MLflow run.
+
+Round 0: policy = SFT bootstrap (or the given model); rounds r >= 1: policy = GRPO from round r-1's
+policy against round r-1's reward models. Then collect -> reward_model -> eval, as in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline import tracking
+from pipeline.config import PipelineConfig
+from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
+from pipeline.fsutil import read_json, write_json_atomic
+from pipeline.problems import problem_set_from_config
+from pipeline.runner import Manifest, phase_run
+
+
+def round_dir(cfg: PipelineConfig, r: int) -> Path:
+    return cfg.run_dir / f"round-{r:03d}"
+
+
+def run_phase(cfg: PipelineConfig, r: int, phase: str) -> dict:
+    """Run `phase` of round `r` unless the manifest says it is done; return its recorded output."""
+    manifest = Manifest.load(cfg.run_dir)
+    if manifest.done(r, phase):
+        return manifest.output(r, phase)
+    run_id = phase_run(manifest, r, phase)
+    report_to = "mlflow"
+    with tracking.active(run_id):
+        output = PHASE_FUNCS[phase](cfg, manifest, r, report_to)
+    metrics = output.get("metrics", {})
+    tracking.log_metrics(run_id, metrics)
+    tracking.log_metrics(manifest.data["mlflow"]["parent"], metrics, step=r)  # cross-round curves
+    tracking.finish(run_id)
+    manifest = Manifest.load(cfg.run_dir)
+    manifest.record(r, phase, output)
+    return output
+
+
+def _policy(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
+    out = round_dir(cfg, r) / "policy"
+    if r == 0:
+        from pipeline.bootstrap import run_bootstrap
+
+        res = run_bootstrap(cfg, out)
+        return {"path": str(res.policy_path), "metrics": res.metrics}
+    from pipeline.policy import run_policy_phase
+
+    prev_rms = manifest.output(r - 1, "reward_model")["paths"]
+    res = run_policy_phase(
+        cfg, problem_set_from_config(cfg), manifest.output(r - 1, "policy")["path"], out, r,
+        reward_model_path=prev_rms.get("prm"), orm_path=prev_rms.get("orm"), report_to=report_to,
+    )
+    return {"path": str(res.policy_path), "metrics": res.metrics}
+
+
+def _collect(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
+    from pipeline.collect import run_collection_phase
+
+    res = run_collection_phase(cfg, problem_set_from_config(cfg), manifest.output(r, "policy")["path"], cfg.run_dir, r)
+    return {"path": str(res.shard_path), "metrics": res.metrics}
+
+
+def _reward_model(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
+    from pipeline.reward_model import run_reward_model_phase
+
+    previous = manifest.output(r - 1, "reward_model")["paths"] if r > 0 else None
+    res = run_reward_model_phase(
+        cfg, cfg.run_dir, r, manifest.output(r, "policy")["path"], previous, report_to=report_to,
+    )
+    versions = {}
+    if cfg.tracking.register_models:
+        run_id = manifest.mlflow_run(f"round-{r:03d}/reward_model")
+        for kind, path in res.paths.items():
+            name = f"{cfg.tracking.experiment}-{kind}"
+            versions[kind] = tracking.register_checkpoint(run_id, path, name, r, manifest.data["mlflow"]["parent"])
+    return {"paths": {k: str(v) for k, v in res.paths.items()}, "versions": versions, "metrics": res.metrics}
+
+
+def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
+    from models import load_policy, load_reward_model
+    from pipeline.replay import read_shard
+    from pipeline.rewards import OrmScorer, PrmScorer
+
+    e = cfg.eval
+    problem_set = problem_set_from_config(cfg)
+    problems = problem_set.test[: e.num_problems]
+    model, tokenizer = load_policy(manifest.output(r, "policy")["path"])
+    ev = evaluate_policy(
+        model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
+        top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + r,
+    )
+    metrics = {f"eval/{k}": v for k, v in ev.metrics.items()}
+
+    # Best-of-N with this round's RMs on the same samples, beside majority vote and a random pick.
+    rms = manifest.output(r, "reward_model")["paths"]
+    prompts = [[p.prompt] * len(t) for p, t in zip(problems, ev.texts)]
+    scorers = {}
+    for kind, path in rms.items():
+        rm, tok, _ = load_reward_model(path, expect=kind)
+        scorers[kind] = PrmScorer(rm, tok, e.batch_size) if kind == "prm" else OrmScorer(rm, tok, e.batch_size)
+    for n in e.best_of_n:
+        for kind, scorer in scorers.items():
+            scores = [_score(scorer, kind, ps, ts, cfg) for ps, ts in zip(prompts, ev.texts)]
+            metrics[f"bon/{kind}@{n}"] = best_of_n_accuracy(scores, ev.correct, ev.answers, n)["rm"]
+        base = best_of_n_accuracy([[0.0] * len(c) for c in ev.correct], ev.correct, ev.answers, n)
+        metrics[f"bon/majority@{n}"], metrics[f"bon/random@{n}"] = base["majority"], base["random"]
+
+    # Reward-hacking monitor: what the RM the policy trained against thinks of the fresh samples,
+    # minus what the verifier says. A growing gap: the policy exploits a stale RM.
+    trained_against = manifest.output(r - 1, "reward_model")["paths"] if r > 0 else rms
+    rows = read_shard(manifest.output(r, "collect")["path"])
+    verifier = sum(x["outcome"] for x in rows) / max(len(rows), 1)
+    for kind, path in trained_against.items():
+        rm, tok, _ = load_reward_model(path, expect=kind)
+        scorer = PrmScorer(rm, tok, e.batch_size) if kind == "prm" else OrmScorer(rm, tok, e.batch_size)
+        predicted = _score(scorer, kind, [x["prompt"] for x in rows], [x["completion"] for x in rows], cfg)
+        metrics[f"monitor/{kind}_gap"] = sum(predicted) / max(len(predicted), 1) - verifier
+
+    out_dir = round_dir(cfg, r)
+    curve = {k: v for k, v in ev.metrics.items() if "@" in k}
+    write_json_atomic(out_dir / "eval.json", {"round": r, "metrics": metrics, "curve": curve})
+    plot = plot_pass_maj({f"round {r}": curve}, out_dir / "pass_maj.png")
+    run_id = manifest.mlflow_run(f"round-{r:03d}/eval")
+    import mlflow
+
+    mlflow.MlflowClient().log_artifact(run_id, str(plot))
+    curves = {f"round {q}": read_json(round_dir(cfg, q) / "eval.json")["curve"] for q in range(r + 1)
+              if (round_dir(cfg, q) / "eval.json").exists()}
+    across = plot_pass_maj(curves, cfg.run_dir / "pass_maj_rounds.png")
+    mlflow.MlflowClient().log_artifact(manifest.data["mlflow"]["parent"], str(across))
+    return {"path": str(out_dir / "eval.json"), "metrics": metrics}
+
+
+def _score(scorer, kind: str, prompts: list[str], texts: list[str], cfg: PipelineConfig) -> list[float]:
+    if kind == "prm":
+        return scorer(prompts, texts, aggregation=cfg.reward_model.aggregation)
+    return scorer(prompts, texts)
+
+
+PHASE_FUNCS = {"policy": _policy, "collect": _collect, "reward_model": _reward_model, "eval": _eval}

@@ -1,0 +1,120 @@
+"""MLflow: a parent run per pipeline run, a child run per round, a grandchild per phase; RM registry.
+
+Runs are created with explicit ids (kept in the run directory's manifest), so a resumed pipeline
+reattaches to its runs instead of duplicating them. Trainers log through transformers' MLflow callback
+into the phase run made active around them.
+
+MLflow forbids '@' in metric names, so Pass@K and Maj@K are logged as `eval/pass_at_K`, `eval/maj_at_K`.
+MLflow also reserves the alias `latest`; `models:/<name>/latest` already resolves to the newest version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+
+PARENT_TAG = "mlflow.parentRunId"
+
+
+class TrackingError(RuntimeError):
+    """The tracking server cannot be used; the message names the URI."""
+
+
+def connect(tracking_uri: str | None, experiment: str) -> str:
+    """Point MLflow at `tracking_uri` and make sure it answers, before any work; returns the experiment id."""
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    uri = mlflow.get_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        # Fail in seconds, not after MLflow's long default retries.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    try:
+        exp = MlflowClient().get_experiment_by_name(experiment)
+        return exp.experiment_id if exp else MlflowClient().create_experiment(experiment)
+    except Exception as e:  # any failure here means no tracking: stop before training
+        raise TrackingError(f"MLflow tracking URI {uri!r} cannot be used: {e}") from None
+
+
+def metric_name(key: str) -> str:
+    """'pass@4' -> 'pass_at_4' (MLflow's allowed characters)."""
+    return key.replace("@", "_at_")
+
+
+def create_run(experiment_id: str, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:
+    tags = dict(tags or {})
+    if parent_id:
+        tags[PARENT_TAG] = parent_id
+    return MlflowClient().create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+
+def run_exists(run_id: str) -> bool:
+    try:
+        return MlflowClient().get_run(run_id).info.lifecycle_stage == "active"
+    except Exception:
+        return False
+
+
+def log_metrics(run_id: str, metrics: dict[str, float], step: int | None = None) -> None:
+    clean = {metric_name(k): float(v) for k, v in metrics.items() if v == v}  # NaN (one class absent) skipped
+    if clean:
+        MlflowClient().log_batch(
+            run_id, metrics=[mlflow.entities.Metric(k, v, _now_ms(), step or 0) for k, v in clean.items()]
+        )
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def log_params(run_id: str, params: dict[str, Any]) -> None:
+    client = MlflowClient()
+    existing = client.get_run(run_id).data.params
+    fresh = {k: str(v)[:6000] for k, v in params.items() if k not in existing}
+    for k, v in fresh.items():
+        client.log_param(run_id, k, v)
+
+
+def finish(run_id: str, status: str = "FINISHED") -> None:
+    MlflowClient().set_terminated(run_id, status)
+
+
+@contextlib.contextmanager
+def active(run_id: str | None):
+    """Make `run_id` the active run (where Trainer's MLflow callback logs); no-op for None."""
+    if run_id is None:
+        yield
+        return
+    with mlflow.start_run(run_id=run_id):
+        yield
+    mlflow.flush_async_logging()
+
+
+def register_checkpoint(run_id: str, path: str | Path, name: str, round_index: int, pipeline_run: str) -> str:
+    """Log a checkpoint directory to `run_id` and register it as a version of `name`, aliased `round-<r>`."""
+    client = MlflowClient()
+    artifact_path = Path(path).name
+    client.log_artifacts(run_id, str(path), artifact_path)
+    with contextlib.suppress(mlflow.exceptions.MlflowException):  # already exists
+        client.create_registered_model(name)
+    version = client.create_model_version(
+        name, source=f"{client.get_run(run_id).info.artifact_uri}/{artifact_path}", run_id=run_id,
+        tags={"round": str(round_index), "pipeline_run": pipeline_run},
+    ).version
+    client.set_registered_model_alias(name, f"round-{round_index}", version)
+    return version
+
+
+def resolve_model_uri(path: str | Path) -> str:
+    """A local checkpoint path for `path`, downloading a `models:/name@alias` (or `/version`) URI first."""
+    path = str(path)
+    if path.startswith("models:/"):
+        return mlflow.artifacts.download_artifacts(artifact_uri=path)
+    return path

