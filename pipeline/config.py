@@ -156,10 +156,6 @@ class CollectConfig(SamplingConfig):
     strategy: Literal["exhaustive", "first_error"] = Field("exhaustive", description="Which prefixes get rollouts.")
 
 
-class ReplaySection(Section):
-    pass
-
-
 class RewardModelConfig(Section):
     kinds: list[Literal["prm", "orm"]] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
     target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")

@@ -1,0 +1,156 @@
+"""Real short trainings on the embedded problems: SFT bootstrap, GRPO (outcome and process), PRM/ORM phase.
+
+One small bootstrapped policy is shared by the module (about half a minute to train).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from models import load_policy, load_reward_model, reward_model_from_policy, save_model
+from pipeline.bootstrap import initial_policy, run_bootstrap
+from pipeline.config import config_from_dict
+from pipeline.evaluate import evaluate_policy
+from pipeline.policy import ProcessGRPOTrainer, run_policy_phase
+from pipeline.problems import problem_set_from_config
+from pipeline.replay import ReplayBuffer, shard_path, write_shard
+from pipeline.reward_model import evaluate_reward_model, run_reward_model_phase, train_reward_model
+from tests.conftest import mini_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    cfg = config_from_dict(mini_config(tmp, bootstrap={"sft_args": {
+        "learning_rate": 3e-3, "num_train_epochs": 3, "per_device_train_batch_size": 32}}))
+    ps = problem_set_from_config(cfg)
+    policy = run_bootstrap(cfg, tmp / "policy").policy_path
+    return cfg, ps, policy, tmp
+
+
+def greedy_accuracy(model, tok, ps, n_problems=20) -> float:
+    return evaluate_policy(model, tok, ps, ps.test[:n_problems], n=1, max_new_tokens=32).metrics["greedy"]
+
+
+def test_sft_bootstrap_raises_held_out_accuracy(setup):
+    cfg, ps, policy, _ = setup
+    untrained, tok = initial_policy(cfg)
+    before = greedy_accuracy(untrained, tok, ps)
+    after = greedy_accuracy(*load_policy(str(policy)), ps)
+    # Random weights never write a right "Answer:" line; a few epochs of SFT on 400 chains do, often.
+    assert before == 0.0
+    assert after >= 0.25, after
+
+
+def test_process_grpo_trains_on_per_token_advantages(setup, monkeypatch):
+    cfg, ps, policy, tmp = setup
+    prm, tok = reward_model_from_policy(str(policy), "prm")
+    save_model(prm, tok, tmp / "prm")
+    seen = []
+    original = ProcessGRPOTrainer._compute_loss
+
+    def spy(self, model, inputs):
+        seen.append(inputs["advantages"].detach().clone())
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(ProcessGRPOTrainer, "_compute_loss", spy)
+    before = load_policy(str(policy))[0].state_dict()
+    out = tmp / "policy-process"
+    res = run_policy_phase(cfg, ps, policy, out, 1, reward_model_path=tmp / "prm")
+    assert seen and all(a.dim() == 2 for a in seen)  # (B, T): one advantage per token
+    # Per-token, not per-sequence: within some completion the advantage changes from step to step.
+    assert any((a[:, 1:] != a[:, :-1]).any() for a in seen)
+    after = load_policy(str(out))[0].state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the policy really moved
+    assert res.metrics["policy/steps"] == cfg.grpo["max_steps"]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo"])
+def test_process_mode_with_each_loss_type(setup, loss_type):
+    cfg, ps, policy, tmp = setup
+    prm, tok = reward_model_from_policy(str(policy), "prm")
+    save_model(prm, tok, tmp / f"prm-{loss_type}")
+    cfg = config_from_dict({**cfg.model_dump(mode="json"), "grpo": {**cfg.grpo, "loss_type": loss_type, "max_steps": 1}})
+    res = run_policy_phase(cfg, ps, policy, tmp / f"p-{loss_type}", 1, reward_model_path=tmp / f"prm-{loss_type}")
+    assert res.metrics["policy/loss_end"] == res.metrics["policy/loss_end"]  # finite, not NaN
+
+
+def test_outcome_grpo_raises_training_reward(setup):
+    """Verifier-only GRPO from the bootstrapped policy: the training reward rises (fixed seed)."""
+    cfg, ps, policy, tmp = setup
+    data = cfg.model_dump(mode="json")
+    data["supervision"] = {**data["supervision"], "mode": "outcome", "prompts_per_round": 400}
+    data["grpo"] = {**data["grpo"], "learning_rate": 2e-4, "max_steps": 40, "per_device_train_batch_size": 32,
+                    "num_generations": 8, "beta": 0.0}
+    res = run_policy_phase(config_from_dict(data), ps, policy, tmp / "p-outcome", 1)
+    # Mean reward of the last quarter of steps against the first quarter.
+    assert res.metrics["policy/reward_end"] >= res.metrics["policy/reward_start"] + 0.05, res.metrics
+
+
+def corrupted_rows(ps, problems, seed: int) -> list[dict]:
+    """Gold solutions and copies with one step's result nudged, labelled with the gold step labels."""
+    rng = random.Random(seed)
+    rows = []
+    for p in problems:
+        lines = p.solution.split("\n")
+        texts = [p.solution]
+        k = rng.randrange(len(lines) - 1)
+        a, c = lines[k].split("=")
+        bad = lines[:k] + [f"{a}={int(c) + rng.choice([-2, -1, 1, 2])}"] + lines[k + 1:]
+        texts.append("\n".join(bad))
+        for j, t in enumerate(texts):
+            gold = ps.gold_step_labels(t, p)
+            rows.append({"round": 0, "policy": "gold", "prompt_id": p.id, "prompt": p.prompt, "sample_index": j,
+                         "completion": t, "answer": ps.extract_answer(t), "steps": t.split("\n"),
+                         "outcome": int(ps.is_correct(t, p)), "he_labels": gold, "se_labels": [float(g) for g in gold],
+                         "gold_labels": gold, "rollouts": 0, "num_tokens": len(t)})
+    return rows
+
+
+def test_prm_trained_on_gold_labels_separates_steps(setup):
+    cfg, ps, policy, tmp = setup
+    data = cfg.model_dump(mode="json")
+    data["reward_model"]["train_args"] = {"learning_rate": 2e-3, "num_train_epochs": 3, "per_device_train_batch_size": 16}
+    cfg = config_from_dict(data)
+    train, held = corrupted_rows(ps, ps.train[:300], 0), corrupted_rows(ps, ps.test[:20], 1)
+    path = train_reward_model(cfg, "prm", train, policy, tmp / "prm-gold", warm=False)
+    metrics = evaluate_reward_model(path, "prm", held)
+    # Chance is 0.5; the PRM must tell a wrong result from a right one at the step where it happens.
+    assert metrics["prm/step_auc_gold"] >= 0.75, metrics
+
+
+class FirstWeights(TrainerCallback):
+    def __init__(self):
+        self.weights = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_reward_model_phase_warm_start_replay_and_holdout(setup):
+    cfg, ps, policy, tmp = setup
+    run_dir = tmp / "rm-run"
+    rows0, rows1 = corrupted_rows(ps, ps.train[:40], 0), corrupted_rows(ps, ps.train[40:70], 1)
+    for r in rows1:
+        r["round"] = 1
+    write_shard(rows0, shard_path(run_dir, 0))
+    write_shard(rows1, shard_path(run_dir, 1))
+    r0 = run_reward_model_phase(cfg, run_dir, 0, policy)
+    spy = FirstWeights()
+    r1 = run_reward_model_phase(cfg, run_dir, 1, policy, previous={k: str(v) for k, v in r0.paths.items()},
+                                callbacks=[spy])
+    # Replay: exactly round(0.1 x 80 historical rows) = 8 rows; the new shard minus the held-out prompts.
+    assert r1.metrics["rm/replay_rows"] == 8
+    held_prompts = round(cfg.reward_model.holdout_fraction * 30)
+    assert r1.metrics["rm/train_rows"] == 8 + 2 * (30 - held_prompts)
+    # Warm start: round 1's last-trained RM (the ORM) began from round 0's ORM weights exactly.
+    prev, _, _ = load_reward_model(r0.paths["orm"], expect="orm")
+    assert all(torch.equal(prev.state_dict()[k], spy.weights[k]) for k in prev.state_dict())
+    assert {"orm/auc", "prm/step_auc_gold", "prm/step_auc_mc"} <= set(r1.metrics)
+    assert ReplayBuffer(run_dir).rounds() == [0, 1]
