@@ -9,7 +9,7 @@ the advantages are replaced by `process_advantages`. Everything else (loss types
 from __future__ import annotations
 
 import random
-import tempfile
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,15 +176,19 @@ def run_policy_phase(
                                  target_modules=lo.target_modules, task_type="CAUSAL_LM")
 
     tokenizer = load_tokenizer(str(policy_path))
-    with tempfile.TemporaryDirectory() as tmp:
-        args = grpo_config(cfg, tmp, reward_weights=weights, report_to=report_to,
-                           seed=cfg.run.seed + round_index, run_name=f"grpo-round-{round_index}")
-        trainer = ProcessGRPOTrainer(
-            model=str(policy_path), reward_funcs=funcs, args=args, train_dataset=data,
-            processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
-            prm_scorer=prm, supervision=mode,
-        )
+    # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.
+    scratch = Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
+    args = grpo_config(cfg, str(scratch), reward_weights=weights, report_to=report_to,
+                       seed=cfg.run.seed + round_index, run_name=f"grpo-round-{round_index}")
+    trainer = ProcessGRPOTrainer(
+        model=str(policy_path), reward_funcs=funcs, args=args, train_dataset=data,
+        processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
+        prm_scorer=prm, supervision=mode,
+    )
+    try:
         trainer.train()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     save_model(trainer.model, tokenizer, out_dir)
     return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history))
 

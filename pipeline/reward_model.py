@@ -9,8 +9,9 @@ rounds from the previous round's RM (DeepSeekMath Algorithm 1: "continuous train
 
 from __future__ import annotations
 
+import contextlib
 import random
-import tempfile
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,13 +143,17 @@ def train_reward_model(
                            "TOKEN_CLS" if kind == "prm" else "SEQ_CLS")
     defaults = {"report_to": report_to, "save_strategy": "no", "seed": cfg.run.seed, "remove_unused_columns": False,
                 "run_name": f"{kind}-training", **device_defaults()}
-    with tempfile.TemporaryDirectory() as tmp:
-        args = TrainingArguments(output_dir=tmp, **{**defaults, **cfg.reward_model.train_args})
-        trainer = Trainer(
-            model=model, args=args, train_dataset=Dataset.from_list(examples),
-            data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
-        )
+    # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.
+    scratch = Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
+    args = TrainingArguments(output_dir=str(scratch), **{**defaults, **cfg.reward_model.train_args})
+    trainer = Trainer(
+        model=model, args=args, train_dataset=Dataset.from_list(examples),
+        data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
+    )
+    try:
         trainer.train()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return save_model(trainer.model, tokenizer, out_dir)
 
 
@@ -185,6 +190,7 @@ def run_reward_model_phase(
     previous: dict[str, str] | None = None,
     report_to: str = "none",
     callbacks=None,
+    run_context=None,
 ) -> RewardModelResult:
     """Retrain each RM of `reward_model.kinds` on the round's shard plus a replay of earlier shards.
 
@@ -209,7 +215,8 @@ def run_reward_model_phase(
         prev = (previous or {}).get(kind)
         warm = bool(rm.warm_start and prev)
         out = run_dir / f"round-{round_index:03d}" / "reward_model" / kind
-        paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to, callbacks)
+        with (run_context(kind) if run_context else contextlib.nullcontext()):
+            paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to, callbacks)
         if held:
             metrics.update(evaluate_reward_model(paths[kind], kind, held, rm.aggregation))
     return RewardModelResult(paths, metrics)

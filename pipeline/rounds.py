@@ -13,7 +13,7 @@ from pipeline.config import PipelineConfig
 from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
 from pipeline.fsutil import read_json, write_json_atomic
 from pipeline.problems import problem_set_from_config
-from pipeline.runner import Manifest, phase_run
+from pipeline.runner import Manifest, phase_run, sub_run
 
 
 def round_dir(cfg: PipelineConfig, r: int) -> Path:
@@ -26,9 +26,10 @@ def run_phase(cfg: PipelineConfig, r: int, phase: str) -> dict:
     if manifest.done(r, phase):
         return manifest.output(r, phase)
     run_id = phase_run(manifest, r, phase)
-    report_to = "mlflow"
-    with tracking.active(run_id):
-        output = PHASE_FUNCS[phase](cfg, manifest, r, report_to)
+    # The reward-model phase trains two models: each gets a run of its own below the phase's run,
+    # since MLflow refuses the same param with two values in one run.
+    with tracking.active(run_id if phase != "reward_model" else None):
+        output = PHASE_FUNCS[phase](cfg, manifest, r, "mlflow")
     metrics = output.get("metrics", {})
     tracking.log_metrics(run_id, metrics)
     tracking.log_metrics(manifest.data["mlflow"]["parent"], metrics, step=r)  # cross-round curves
@@ -68,6 +69,7 @@ def _reward_model(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: st
     previous = manifest.output(r - 1, "reward_model")["paths"] if r > 0 else None
     res = run_reward_model_phase(
         cfg, cfg.run_dir, r, manifest.output(r, "policy")["path"], previous, report_to=report_to,
+        run_context=lambda kind: tracking.active(sub_run(manifest, r, "reward_model", kind)),
     )
     versions = {}
     if cfg.tracking.register_models:

@@ -162,3 +162,15 @@ def phase_run(manifest: Manifest, round_index: int, phase: str) -> str:
         run_id = tracking.create_run(exp, f"{round_key}-{phase}", round_id, {"round": str(round_index), "phase": phase})
         manifest.set_mlflow_run(key, run_id)
     return run_id
+
+
+def sub_run(manifest: Manifest, round_index: int, phase: str, name: str) -> str:
+    """A run under a phase's run (one per trainer, e.g. the PRM and the ORM of the reward-model phase)."""
+    parent = phase_run(manifest, round_index, phase)
+    key = f"round-{round_index:03d}/{phase}/{name}"
+    run_id = manifest.mlflow_run(key)
+    if run_id is None or not tracking.run_exists(run_id):
+        run_id = tracking.create_run(manifest.data["experiment_id"], f"round-{round_index:03d}-{phase}-{name}", parent,
+                                     {"round": str(round_index), "phase": phase})
+        manifest.set_mlflow_run(key, run_id)
+    return run_id
