@@ -7,12 +7,17 @@ as done, so re-running the flow on a run directory resumes it. Tasks pass paths,
 from __future__ import annotations
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_link_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.rounds import run_phase
-from pipeline.runner import PHASES, open_run, run_lock
+from pipeline.runner import PHASES, open_run, preflight, run_lock
 
 
 @task(task_run_name="{phase}-round-{round_index}")
@@ -39,6 +44,7 @@ def round_flow(config: dict, round_index: int) -> dict:
 def iterative_rl(config: dict, force: bool = False) -> dict:
     """DeepSeekMath iterative RL (Algorithm 1) over `run.rounds` rounds; resumes an unfinished run directory."""
     cfg = PipelineConfig.model_validate(config)
+    preflight(cfg)  # bad data, model path or tracking URI: fail before the run directory is touched
     with run_lock(cfg.run_dir):
         manifest = open_run(cfg, force)
         parent = manifest.data["mlflow"]["parent"]

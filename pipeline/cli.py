@@ -16,6 +16,9 @@ def _config(args) -> PipelineConfig:
 
 def cmd_run(args) -> None:
     cfg = _config(args)
+    from pipeline.runner import preflight
+
+    preflight(cfg)  # fail fast and quietly, before Prefect starts
     from flows.iterative import iterative_rl
 
     result = iterative_rl(cfg.model_dump(mode="json"), force=args.force)

@@ -10,7 +10,6 @@ longer reach the gold answer, assuming reachability is monotone, with about log2
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -267,6 +267,10 @@ def device_defaults() -> dict[str, Any]:
 
 def _check_passthrough(cfg: PipelineConfig) -> None:
     """Build GRPOConfig and SFTConfig once so a field TRL rejects fails now, not hours later."""
+    n = cfg.grpo.get("num_generations")
+    if isinstance(n, int) and not isinstance(n, bool) and n < 2:
+        # Checked before TRL, whose own message for this does not name the field.
+        raise ConfigError(f"grpo.num_generations: must be at least 2, got {n} (GRPO compares the completions of a group)")
     with tempfile.TemporaryDirectory() as tmp:
         for section, build in (
             ("grpo", lambda: grpo_config(cfg, tmp)),

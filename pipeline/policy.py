@@ -13,7 +13,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 

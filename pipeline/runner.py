@@ -78,8 +78,11 @@ class Manifest:
         path = run_dir / "manifest.json"
         try:
             data = read_json(path)
-            if not isinstance(data, dict) or "phases" not in data:
-                raise ValueError("missing 'phases'")
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            missing = [k for k in ("config", "phases", "mlflow") if not isinstance(data.get(k), dict)]
+            if missing:
+                raise ValueError(f"missing or malformed {', '.join(repr(k) for k in missing)}")
         except FileNotFoundError:
             raise
         except (ValueError, json.JSONDecodeError) as e:
@@ -110,6 +113,20 @@ class Manifest:
     def set_mlflow_run(self, key: str, run_id: str) -> None:
         self.data["mlflow"][key] = run_id
         self.save()
+
+
+def preflight(cfg: PipelineConfig) -> None:
+    """What can be checked before any work: the problem set loads, the policy spec resolves, MLflow answers.
+
+    Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
+    """
+    from models.factories import resolve_spec
+    from pipeline.problems import problem_set_from_config
+
+    problem_set_from_config(cfg)
+    if cfg.policy.model != "tiny":
+        resolve_spec(cfg.policy.model)
+    tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
 
 
 def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:

@@ -30,7 +30,7 @@ def mlflow_structure(experiment: str) -> dict:
     runs = MlflowClient().search_runs([exp.experiment_id], max_results=1000)
     by_id = {r.info.run_id: r for r in runs}
     parents = [r for r in runs if PARENT_TAG not in r.data.tags]
-    children = lambda pid: sorted(r.info.run_name for r in runs if r.data.tags.get(PARENT_TAG) == pid)  # noqa: E731
+    children = lambda pid: sorted(r.info.run_name for r in runs if r.data.tags.get(PARENT_TAG) == pid)
     rounds = {r.info.run_name: r.info.run_id for r in runs if r.data.tags.get(PARENT_TAG) in {p.info.run_id for p in parents}}
     return {"parents": parents, "rounds": rounds, "phases": {name: children(rid) for name, rid in rounds.items()},
             "all": by_id}

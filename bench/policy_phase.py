@@ -1,0 +1,83 @@
+"""Time a GRPO step: (a) bare TRL GRPOTrainer + verifier, (b) ours in outcome mode, (c) ours in process mode.
+
+Same tiny bootstrapped policy, same GRPOConfig, same prompts. Prints the median step time of each and
+the ratios (goals: b/a <= 1.05, c/a <= 1.3).   Run: python bench/policy_phase.py [--steps 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from _common import CACHE, bootstrapped_policy, quickstart
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from models import reward_model_from_policy, save_model
+from models.factories import load_tokenizer
+from pipeline.config import grpo_config
+from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, round_prompts
+from pipeline.problems import problem_set_from_config
+from pipeline.rewards import PrmScorer, verifier_reward
+
+
+class StepTimer(TrainerCallback):
+    def __init__(self):
+        self.times, self._t = [], None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter() - self._t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    a = ap.parse_args()
+    cfg = quickstart()
+    ps = problem_set_from_config(cfg)
+    policy = bootstrapped_policy(cfg)
+    prm_path = CACHE / "prm-untrained"
+    if not (prm_path / "igrpo.json").exists():
+        save_model(*reward_model_from_policy(str(policy), "prm"), prm_path)
+    data = round_prompts(ps, 10_000, cfg.run.seed, 1)
+    tok = load_tokenizer(str(policy))
+    args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=a.steps + a.warmup, logging_steps=1000)
+
+    def run(kind: str) -> float:
+        timer = StepTimer()
+        if kind == "bare":
+            trainer = GRPOTrainer(model=str(policy), reward_funcs=[verifier_reward(ps)], args=args,
+                                  train_dataset=data, processing_class=tok, callbacks=[timer])
+        else:
+            mode = "outcome" if kind == "outcome" else "process"
+            funcs, _ = build_reward_funcs(cfg.model_copy(update={"supervision": cfg.supervision.model_copy(update={"mode": mode})}), ps, None)
+            prm = None
+            if mode == "process":
+                from models import load_reward_model
+
+                m, t, _ = load_reward_model(prm_path, expect="prm")
+                prm = PrmScorer(m, t, batch_size=cfg.collect.batch_size)
+            trainer = ProcessGRPOTrainer(model=str(policy), reward_funcs=funcs, args=args, train_dataset=data,
+                                         processing_class=tok, callbacks=[timer], prm_scorer=prm, supervision=mode)
+        trainer.train()
+        return statistics.median(timer.times[a.warmup:])
+
+    results = {}
+    for kind in ("bare", "outcome", "process", "bare"):  # bare twice: first and last, to see drift
+        t = run(kind)
+        results.setdefault(kind, []).append(t)
+        print(f"{kind:<8} median step {t * 1000:8.1f} ms", flush=True)
+    bare = statistics.mean(results["bare"])
+    print(f"\nbatch: {args.per_device_train_batch_size} completions/step, {a.steps} timed steps after {a.warmup} warm-up")
+    print(f"(a) bare TRL GRPOTrainer + verifier : {bare * 1000:8.1f} ms/step")
+    print(f"(b) ours, outcome mode              : {results['outcome'][0] * 1000:8.1f} ms/step   b/a = {results['outcome'][0] / bare:.3f}  (goal <= 1.05)")
+    print(f"(c) ours, process mode (PRM)        : {results['process'][0] * 1000:8.1f} ms/step   c/a = {results['process'][0] / bare:.3f}  (goal <= 1.30)")
+
+
+if __name__ == "__main__":
+    main()
