@@ -151,7 +151,8 @@ def load_reward_model(
     resolved, _ = resolve_spec(str(path))
     kind = reward_model_kind(resolved)
     if expect is not None and kind != expect:
-        raise ValueError(f"{path}: is an {kind.upper()} but an {expect.upper()} is needed here")
+        article = {"orm": "an", "prm": "a"}
+        raise ValueError(f"{path}: is {article[kind]} {kind.upper()} but {article[expect]} {expect.upper()} is needed here")
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(resolved), str(path))
     model = RM_KINDS[kind].from_pretrained(resolved, dtype=torch.float32)
     return model, tokenizer, kind
@@ -174,6 +175,8 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*"):  # left by a process killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -181,9 +184,13 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "igrpo.json").write_text(json.dumps({"complete": True}))
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        if path.exists():  # two renames: the old checkpoint stays whole until the new one is in place
+            old = path.with_name(f".{path.name}.old")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -16,9 +16,10 @@ def _config(args) -> PipelineConfig:
 
 def cmd_run(args) -> None:
     cfg = _config(args)
-    from pipeline.runner import preflight
+    from pipeline.runner import preflight, refuse_if_locked
 
     preflight(cfg)  # fail fast and quietly, before Prefect starts
+    refuse_if_locked(cfg.run_dir)
     from flows.iterative import iterative_rl
 
     result = iterative_rl(cfg.model_dump(mode="json"), force=args.force)

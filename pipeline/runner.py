@@ -35,6 +35,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def lock_holder(run_dir: Path) -> int | None:
+    """The pid of a live process holding `run_dir`'s lock, or None (no lock, or a stale one)."""
+    try:
+        pid = int((run_dir / ".lock").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return None
+    return pid if pid and pid != os.getpid() and _pid_alive(pid) else None
+
+
+def refuse_if_locked(run_dir: Path) -> None:
+    pid = lock_holder(run_dir)
+    if pid:
+        raise RunDirError(f"{run_dir} is in use by another run (pid {pid}); wait for it or stop it")
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: Path):
     """Hold `run_dir/.lock` (our pid inside) for the duration; refuse a live holder, take over a dead one."""
@@ -45,12 +60,7 @@ def run_lock(run_dir: Path):
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             break
         except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and _pid_alive(pid):
-                raise RunDirError(f"{run_dir} is in use by another run (pid {pid}); wait for it or stop it") from None
+            refuse_if_locked(run_dir)
             lock.unlink(missing_ok=True)  # stale: its process is gone
     else:
         raise RunDirError(f"could not take the lock {lock}")

@@ -287,7 +287,7 @@ def test_orm_given_where_a_prm_is_needed(tmp_path, tiny_dirs):
     cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
     assert cfg.supervision.mode == "process"
     out = tmp_path / "round-001" / "policy"
-    with pytest.raises(ValueError, match=re.escape(f"{tiny_dirs / 'orm'}: is an ORM but an PRM is needed here")):
+    with pytest.raises(ValueError, match=re.escape(f"{tiny_dirs / 'orm'}: is an ORM but a PRM is needed here")):
         run_policy_phase(cfg, EmbeddedArithmetic(num_train=20, num_test=5), tiny_dirs / "policy", out, 1,
                          reward_model_path=tiny_dirs / "orm")
     assert not out.parent.exists()  # refused before any training or scratch directory

@@ -141,7 +141,7 @@ def test_save_and_load_reward_model_round_trip(policy_dir, tok, tmp_path):
     assert back_tok(TEXT).input_ids == tok(TEXT).input_ids
     assert back_tok.padding_side == "left"
 
-    with pytest.raises(ValueError, match=r"is an PRM but an ORM is needed here"):
+    with pytest.raises(ValueError, match=r"is a PRM but an ORM is needed here"):
         load_reward_model(path, expect="orm")
 
 
