@@ -133,6 +133,7 @@ def train_reward_model(
     if warm:
         model, tokenizer, _ = load_reward_model(init, expect=kind)
     else:
+        torch.manual_seed(cfg.run.seed)  # the new head's init: the same on a resumed run
         model, tokenizer = reward_model_from_policy(str(init), kind)
     examples = prm_examples(rows, tokenizer, cfg.reward_model.target) if kind == "prm" else orm_examples(rows, tokenizer)
     if not examples:

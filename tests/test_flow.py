@@ -84,6 +84,16 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
     # Plots and eval files.
     assert (cfg.run_dir / "pass_maj_rounds.png").stat().st_size > 1000
     assert read_json(cfg.run_dir / "round-002" / "eval.json")["round"] == 2
+    # `igrpo compare`: the run directory and the MLflow parent run give the same table.
+    from pipeline.compare import compare
+
+    table, png = compare([str(cfg.run_dir), parent], tmp_path / "cmp.png", mlflow_tmp)
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["run", "round", "greedy"] and "maj@4" in lines[0]
+    assert len(lines) == 1 + 2 * (ROUNDS + 1)
+    by_dir, by_mlflow = lines[1 : ROUNDS + 2], lines[ROUNDS + 2 :]
+    assert [x.split()[1:] for x in by_dir] == [x.split()[1:] for x in by_mlflow]
+    assert png.stat().st_size > 1000
 
 
 def test_sigkill_mid_phase_then_resume(tmp_path, prefect_harness, mlflow_tmp):

@@ -1,0 +1,412 @@
+"""Fault injection: SIGKILL a real pipeline run at random moments, resume it, and compare with an uninterrupted run.
+
+Run (from the repository root, in the project's venv):
+
+    python bench/faults.py                       # 5 killed runs, 2 rounds, seed 0 (about 20-35 minutes on 2 cores)
+    python bench/faults.py --kills 2 --seed 3    # a quicker check
+    python bench/faults.py --rounds 1 --max-kills-per-run 3 --keep
+
+What it does, all under one temp folder (removed at the end unless --keep):
+
+1. The reference: `python -m pipeline.cli run CONFIG` in a subprocess, uninterrupted, on `tests.conftest.mini_config`
+   (rounds = --rounds), with a PREFECT_HOME of its own per run (ephemeral Prefect server, analytics off), a sqlite
+   MLflow store and a runs dir in the temp folder. Its wall time T is the range of the kill moments.
+2. A control (skip with --no-control): the same config uninterrupted under another run name. It tells whether CPU
+   training is bit-reproducible here, so that a tensor difference after a kill can be blamed on the kill or not.
+3. --kills times: the same config under another `run.name` (only the name differs, `run.seed` is the same; nothing
+   in the pipeline is seeded by the run name or the run directory), SIGKILLed at a moment drawn uniformly from
+   [0, T] (`random.Random(--seed)`), then rerun; each rerun is SIGKILLed again at a fresh moment if it is still
+   running then, at most --max-kills-per-run kills per run, and finally rerun to completion.
+4. Every finished run is checked against the reference: the same shards (every column but `policy`, which holds a
+   path; `policy` must name the run's own checkpoint), the same checkpoints (policy, reward_model/prm,
+   reward_model/orm of every round; tensors compared with torch.equal, or the max abs difference when CPU training
+   is not bit-reproducible, as the control shows), the same manifest phases, finished phases not redone after a
+   kill, no leftover temp file or lock, and the same MLflow structure (one parent run of that name, one run per
+   round, 4 phase runs per round, one registered version per round per RM kind tagged with the parent).
+
+Output: one row per kill (its moment, the phase being run when killed, read from the manifest right after the
+kill: the phase whose MLflow run exists but is not recorded done), the verdict of its run, and a last line
+`survived K of N kills` (N counts every SIGKILL, so N >= --kills when reruns are killed again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+import yaml  # noqa: E402
+
+from tests.conftest import mini_config  # noqa: E402
+
+CHECKPOINTS = ("policy", "reward_model/prm", "reward_model/orm")
+PHASES = ("policy", "collect", "reward_model", "eval")
+MAX_KILLS = 20
+TIMING = re.compile(r"(_per_s|seconds|runtime)$")  # metrics that are timings, not results
+
+
+# --- running one attempt --------------------------------------------------------------------------------
+
+
+def env_for(work: Path, name: str) -> dict:
+    home = work / "prefect" / name  # Prefect creates its home but not the folders above it
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_LOGGING_LEVEL": "WARNING", "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
+    for var in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
+        env.pop(var, None)
+    return env
+
+
+def attempt(work: Path, name: str, config: Path, log: Path, kill_at: float | None, timeout: float) -> dict:
+    """One `igrpo run`; SIGKILL its process at `kill_at` seconds if it still runs then. Returns what happened."""
+    start = time.monotonic()
+    with open(log, "ab") as out:
+        out.write(f"\n=== attempt, kill_at={kill_at} ===\n".encode())
+        out.flush()
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(config)], env=env_for(work, name),
+                                cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        limit = kill_at if kill_at is not None else timeout
+        try:
+            proc.wait(timeout=limit)
+            killed = False
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)  # the fault: the pipeline's own process, as the OOM killer would
+            proc.wait()
+            killed = True
+        finally:
+            # Whatever it started (Prefect's ephemeral server) must not outlive it; they are ours to stop.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    elapsed = time.monotonic() - start
+    return {"killed": killed, "timed_out": killed and kill_at is None, "rc": proc.returncode, "seconds": elapsed}
+
+
+def read_manifest(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def manifest_mtime(run_dir: Path) -> int | None:
+    try:
+        return (run_dir / "manifest.json").stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def phase_in_progress(manifest: dict | None, stale: bool) -> str:
+    """The phase whose MLflow run exists but which is not recorded done (what the killed process was running)."""
+    if manifest is None:
+        return "startup (no manifest yet)"
+    running = [k for k in manifest.get("mlflow", {}) if k.count("/") == 1 and k.split("/")[1] in PHASES
+               and f"{int(k[6:9]):03d}/{k.split('/')[1]}" not in manifest.get("phases", {})]
+    done = sorted(manifest.get("phases", {}))
+    if not running:
+        return f"between phases (after {done[-1]})" if done else "startup (before round 0)"
+    label = ", ".join(f"r{int(k[6:9])} {k.split('/')[1]}" for k in running)
+    if stale:  # a rerun rewrites the manifest when its flow opens the run: this one had not got that far
+        label += " (rerun still starting)"
+    return label
+
+
+# --- comparing a finished run with the reference --------------------------------------------------------
+
+
+def compare_shards(ref_dir: Path, run_dir: Path, rounds: int) -> list[str]:
+    from pipeline.replay import read_shard, shard_path
+
+    problems = []
+    for r in range(rounds + 1):
+        try:
+            a, b = read_shard(shard_path(ref_dir, r)), read_shard(shard_path(run_dir, r))
+        except (FileNotFoundError, ValueError) as e:
+            problems.append(f"shard r{r}: {e}")
+            continue
+        strip = lambda rows: [{k: v for k, v in x.items() if k != "policy"} for x in rows]  # noqa: E731
+        if len(a) != len(b):
+            problems.append(f"shard r{r}: {len(b)} rows, reference {len(a)}")
+        elif strip(a) != strip(b):
+            bad = sum(x != y for x, y in zip(strip(a), strip(b)))
+            problems.append(f"shard r{r}: {bad}/{len(a)} rows differ")
+        own = str(run_dir / f"round-{r:03d}" / "policy")
+        if {x["policy"] for x in b} != {own}:
+            problems.append(f"shard r{r}: policy column {sorted({x['policy'] for x in b})} is not {own}")
+    return problems
+
+
+def compare_checkpoints(ref_dir: Path, run_dir: Path, rounds: int) -> tuple[list[str], list[str]]:
+    """(missing or structurally different, tensor differences as 'rR kind: max |d| = x')."""
+    import torch
+    from safetensors.torch import load_file
+
+    problems, diffs = [], []
+    for r in range(rounds + 1):
+        for kind in CHECKPOINTS:
+            a, b = ref_dir / f"round-{r:03d}" / kind, run_dir / f"round-{r:03d}" / kind
+            where = f"r{r} {kind}"
+            if not (b / "igrpo.json").exists():
+                problems.append(f"{where}: checkpoint missing or incomplete")
+                continue
+            fa = sorted(p.name for p in a.iterdir())
+            fb = sorted(p.name for p in b.iterdir())
+            if fa != fb:
+                problems.append(f"{where}: files {fb}, reference {fa}")
+                continue
+            for f in fa:
+                if f.endswith(".safetensors"):
+                    ta, tb = load_file(a / f), load_file(b / f)
+                    if set(ta) != set(tb):
+                        problems.append(f"{where}/{f}: tensor names differ")
+                        continue
+                    worst = max((float((ta[k].double() - tb[k].double()).abs().max()) if ta[k].numel() else 0.0)
+                                for k in ta if not torch.equal(ta[k], tb[k])) if any(
+                        not torch.equal(ta[k], tb[k]) for k in ta) else None
+                    if worst is not None:
+                        diffs.append(f"{where}: max |d| = {worst:.3g}")
+                elif (a / f).read_bytes() != (b / f).read_bytes():
+                    problems.append(f"{where}/{f}: differs")
+    return problems, diffs
+
+
+def compare_manifests(ref: dict, run: dict, ref_dir: Path, run_dir: Path) -> tuple[list[str], list[str]]:
+    """(phase set differences, phases whose recorded output differs besides paths and registry versions)."""
+    problems, notes = [], []
+    if set(ref["phases"]) != set(run["phases"]):
+        missing = sorted(set(ref["phases"]) - set(run["phases"]))
+        extra = sorted(set(run["phases"]) - set(ref["phases"]))
+        problems.append(f"manifest phases: missing {missing}, extra {extra}")
+    def norm(out: dict, d: Path) -> dict:  # paths made relative; no registry versions, no timings; NaN == NaN
+        out = json.loads(json.dumps({k: v for k, v in out.items() if k != "versions"}).replace(str(d), "RUN"))
+        out["metrics"] = {k: "nan" if isinstance(v, float) and math.isnan(v) else v
+                          for k, v in out.get("metrics", {}).items() if not TIMING.search(k)}
+        return out
+
+    differ = [k for k in sorted(set(ref["phases"]) & set(run["phases"]))
+              if norm(ref["phases"][k], ref_dir) != norm(run["phases"][k], run_dir)]
+    if differ:
+        notes.append(f"recorded outputs/metrics differ in {', '.join(differ)}")
+    return problems, notes
+
+
+def check_mlflow(uri: str, experiment: str, name: str, manifest: dict, rounds: int) -> list[str]:
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pipeline.tracking import PARENT_TAG
+
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=5000)
+    problems = []
+    parents = [r for r in runs if PARENT_TAG not in r.data.tags and r.info.run_name == name]
+    if len(parents) != 1:
+        problems.append(f"mlflow: {len(parents)} parent runs named {name}")
+    if not parents:
+        return problems
+    parent = manifest["mlflow"]["parent"]
+    if parent not in {p.info.run_id for p in parents}:
+        problems.append("mlflow: the manifest's parent run is not among them")
+    if client.get_run(parent).info.status != "FINISHED":
+        problems.append(f"mlflow: parent run status {client.get_run(parent).info.status}")
+    children = lambda pid: [r for r in runs if r.data.tags.get(PARENT_TAG) == pid]  # noqa: E731
+    round_runs = children(parent)
+    expected_rounds = [f"round-{r:03d}" for r in range(rounds + 1)]
+    if sorted(r.info.run_name for r in round_runs) != expected_rounds:
+        problems.append(f"mlflow: round runs {sorted(r.info.run_name for r in round_runs)}")
+    for rr in round_runs:
+        phases = sorted(r.info.run_name for r in children(rr.info.run_id))
+        if phases != sorted(f"{rr.info.run_name}-{p}" for p in PHASES):
+            problems.append(f"mlflow: {rr.info.run_name} phase runs {phases}")
+        rm = [r for r in children(rr.info.run_id) if r.info.run_name.endswith("-reward_model")]
+        subs = sorted(r.info.run_name for x in rm for r in children(x.info.run_id))
+        if subs != sorted(f"{rr.info.run_name}-reward_model-{k}" for k in ("orm", "prm")):
+            problems.append(f"mlflow: {rr.info.run_name} reward-model runs {subs}")
+    for kind in ("prm", "orm"):
+        versions = [v for v in client.search_model_versions(f"name='{experiment}-{kind}'")
+                    if v.tags.get("pipeline_run") == parent]
+        got = sorted(v.tags.get("round") for v in versions)
+        if got != [str(r) for r in range(rounds + 1)]:
+            problems.append(f"mlflow: {kind} versions for rounds {got}")
+    return problems
+
+
+def leftovers(run_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob(".*"))
+
+
+# --- main -----------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=5, help=f"killed runs (1..{MAX_KILLS}; default 5)")
+    ap.add_argument("--rounds", type=int, default=2, help="run.rounds of the mini config (1..4; default 2)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments (run.seed stays 0)")
+    ap.add_argument("--max-kills-per-run", type=int, default=2, help="SIGKILLs at most per run (1..5; default 2)")
+    ap.add_argument("--no-control", action="store_true", help="skip the second uninterrupted run")
+    ap.add_argument("--workdir", help="folder for everything (default: a new temp folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = ap.parse_args(argv)
+    if not 1 <= args.kills <= MAX_KILLS:
+        ap.error(f"--kills must be between 1 and {MAX_KILLS}")
+    if not 1 <= args.rounds <= 4:
+        ap.error("--rounds must be between 1 and 4")
+    if not 1 <= args.max_kills_per_run <= 5:
+        ap.error("--max-kills-per-run must be between 1 and 5")
+
+    t0 = time.monotonic()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="igrpo-faults-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(exist_ok=True)
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    base = mini_config(work)
+    base["run"]["rounds"] = args.rounds
+    base["tracking"]["tracking_uri"] = uri
+    experiment = base["tracking"]["experiment"]
+    rng = random.Random(args.seed)
+
+    def config_for(name: str) -> Path:
+        data = json.loads(json.dumps(base))
+        data["run"]["name"] = name
+        path = work / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    def say(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:6.0f}s] {msg}", flush=True)
+
+    say(f"work folder {work}")
+    ref = attempt(work, "ref", config_for("ref"), work / "logs" / "ref.log", None, timeout=1800)
+    if ref["rc"] != 0:
+        say(f"the reference run failed (rc {ref['rc']}); see {work / 'logs' / 'ref.log'}")
+        return 1
+    T = ref["seconds"]
+    say(f"reference: {T:.0f}s")
+    runs_dir = Path(base["run"]["runs_dir"])
+    ref_dir = runs_dir / "ref"
+    ref_manifest = read_manifest(ref_dir)
+    timeout = 3 * T + 300
+
+    def verify(name: str, bitwise_reproducible: bool | None) -> tuple[list[str], list[str]]:
+        run_dir = runs_dir / name
+        manifest = read_manifest(run_dir)
+        if manifest is None:
+            return ["manifest missing"], []
+        lost, notes = [], []
+        p, n = compare_manifests(ref_manifest, manifest, ref_dir, run_dir)
+        lost += p
+        (lost if bitwise_reproducible else notes).extend(n)
+        lost += compare_shards(ref_dir, run_dir, args.rounds)
+        p, diffs = compare_checkpoints(ref_dir, run_dir, args.rounds)
+        lost += p
+        if diffs:
+            if bitwise_reproducible:
+                lost.append("tensors differ although an uninterrupted rerun is bit-identical: " + "; ".join(diffs))
+            else:
+                notes.append("tensors differ (" + ("CPU training not bit-reproducible here, see control"
+                             if bitwise_reproducible is False else "bit-reproducibility unknown: no control")
+                             + "): " + "; ".join(diffs))
+        lost += check_mlflow(uri, experiment, name, manifest, args.rounds)
+        left = leftovers(run_dir)
+        if left:
+            lost.append(f"left behind: {left}")
+        return lost, notes
+
+    reproducible = None
+    if not args.no_control:
+        ctl = attempt(work, "control", config_for("control"), work / "logs" / "control.log", None, timeout)
+        if ctl["rc"] != 0:
+            say(f"the control run failed (rc {ctl['rc']}); see {work / 'logs' / 'control.log'}")
+            return 1
+        lost, notes = verify("control", None)
+        reproducible = not any(n.startswith("tensors differ") for n in notes) and not lost
+        say(f"control: {ctl['seconds']:.0f}s, " + ("bit-identical to the reference" if reproducible else
+                                                 "differs from the reference: " + "; ".join(lost + notes)))
+
+    rows = []  # (kill id, moment, phase, run name)
+    verdicts: dict[str, tuple[list[str], list[str]]] = {}
+    for i in range(1, args.kills + 1):
+        name = f"kill-{i}"
+        config, log = config_for(name), work / "logs" / f"{name}.log"
+        run_dir = runs_dir / name
+        kills, before, snapshots, lost_here = 0, None, [], []
+        while True:
+            kill_at = rng.uniform(0, T) if kills < args.max_kills_per_run else None
+            res = attempt(work, name, config, log, kill_at, timeout)
+            if res["killed"] and not res["timed_out"]:
+                kills += 1
+                manifest, mtime = read_manifest(run_dir), manifest_mtime(run_dir)
+                phase = phase_in_progress(manifest, stale=mtime is not None and mtime == before)
+                rows.append((f"{i}.{kills}", kill_at, phase, name))
+                snapshots.append((f"{i}.{kills}", manifest))
+                say(f"{name}: SIGKILL at {kill_at:.1f}s during {phase}")
+                before = mtime
+                continue
+            if res["timed_out"]:
+                lost_here.append(f"rerun hung past {timeout:.0f}s")
+            elif res["rc"] != 0:
+                lost_here.append(f"rerun failed (rc {res['rc']}), see {log}")
+            else:
+                say(f"{name}: completed after {kills} kill(s), last attempt {res['seconds']:.0f}s")
+            break
+        if kills == 0:
+            rows.append((f"{i}.0", None, "finished before the kill moment", name))
+        if not lost_here:
+            lost_here, notes = verify(name, reproducible)
+            final = read_manifest(run_dir) or {"phases": {}, "mlflow": {}}
+            for kid, snap in snapshots:  # what was done at a kill is kept as it was, not redone
+                redone = [k for k, v in (snap or {}).get("phases", {}).items() if final["phases"].get(k) != v]
+                reused = [k for k, v in (snap or {}).get("mlflow", {}).items() if final["mlflow"].get(k) != v]
+                if redone:
+                    lost_here.append(f"after kill {kid}: phases redone {redone}")
+                if reused:
+                    lost_here.append(f"after kill {kid}: MLflow runs replaced {reused}")
+        else:
+            notes = []
+        verdicts[name] = (lost_here, notes)
+
+    print()
+    print(f"reference run: {T:.0f}s, {args.rounds} rounds; kill moments uniform over [0, {T:.0f}s], seed {args.seed}")
+    if reproducible is not None:
+        print(f"control (uninterrupted rerun): {'bit-identical' if reproducible else 'NOT bit-identical'} to the reference")
+    print(f"{'kill':<6}{'moment (s)':>11}  {'phase when killed':<34}result")
+    survived = total = 0
+    for kid, moment, phase, name in rows:
+        lost, notes = verdicts[name]
+        result = "survived" if not lost else "lost: " + "; ".join(lost)
+        if notes:
+            result += "  [note: " + "; ".join(notes) + "]"
+        print(f"{kid:<6}{'-' if moment is None else f'{moment:.1f}':>11}  {phase:<34}{result}")
+        if moment is not None:
+            total += 1
+            survived += not lost
+    print(f"wall time {time.monotonic() - t0:.0f}s; work folder {work}" + ("" if args.keep else " (removed)"))
+    print(f"survived {survived} of {total} kills")
+    if not args.keep and not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if survived == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
