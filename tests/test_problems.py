@@ -14,7 +14,8 @@ from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem, ProblemSet, lo
 from pipeline.problems.arithmetic import chain_values, format_solution, parse_prompt
 from pipeline.problems.base import answer_line_value
 
-GSM8K_DIR = Path("/work/shared/data/gsm8k")
+# The shared data sits beside the checkout (../shared), in CI as in development.
+GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 
 # The worked example of the brief: 7 +5 *3 -4 has the gold chain 7 -> 12 -> 36 -> 32.
 EXAMPLE = Problem(
