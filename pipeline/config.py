@@ -160,7 +160,6 @@ class RewardModelConfig(Section):
     kinds: list[Literal["prm", "orm"]] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
     target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")
     aggregation: Literal["min", "last", "product"] = Field("min", description="A solution's PRM score from its steps.")
-    orm_loss: Literal["bce", "pairwise"] = Field("bce", description="ORM: BCE on outcomes, or Bradley-Terry pairs.")
     replay_fraction: float = Field(0.1, description="Share of the historical shards replayed in each retraining.")
     warm_start: bool = Field(True, description="Start each round from the previous round's RM.")
     holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
