@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -106,8 +107,9 @@ def test_sigkill_mid_phase_then_resume(tmp_path, prefect_harness, mlflow_tmp):
     path.write_text(yaml.safe_dump(data))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-sub"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
+    # A session of its own: the ephemeral Prefect server it starts is killed with its group afterwards.
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(path)], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     manifest_path = cfg.run_dir / "manifest.json"
     deadline = time.time() + 400
     killed_in_phase = False
@@ -123,6 +125,8 @@ def test_sigkill_mid_phase_then_resume(tmp_path, prefect_harness, mlflow_tmp):
             break
         time.sleep(0.05)
     proc.wait(timeout=60)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what the dead run left behind (its Prefect server)
     assert killed_in_phase, "the run finished or stalled before round 1's GRPO phase could be killed"
     before = read_json(manifest_path)
     assert "000/eval" in before["phases"] and "001/policy" not in before["phases"]

@@ -7,6 +7,7 @@ any phase) must leave the previous state intact, and a resume must finish with n
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -533,7 +534,8 @@ def test_sigkill_in_phase_then_resume(tmp_path, prefect_harness, mlflow_tmp, pha
            "PYTHONPATH": str(ROOT)}
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.Popen([sys.executable, "-c", HOLD_THEN_RUN, *KILL_POINTS[phase], str(marker), str(path)],
-                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # its Prefect server is killed with the group below
     deadline = time.time() + 400
     try:
         while time.time() < deadline and proc.poll() is None and not marker.exists():
@@ -545,6 +547,8 @@ def test_sigkill_in_phase_then_resume(tmp_path, prefect_harness, mlflow_tmp, pha
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert held, f"the run ended or stalled (rc {proc.returncode}) before reaching round 1's {phase} phase"
     assert proc.returncode == -signal.SIGKILL
     manifest_path = cfg.run_dir / "manifest.json"
