@@ -24,7 +24,13 @@ def quickstart(overrides: list[str] | None = None):
 
 def bootstrapped_policy(cfg) -> Path:
     """The quickstart's SFT policy (trained once, about a minute, then reused)."""
-    path = CACHE / f"policy-seed{cfg.run.seed}"
+    import hashlib
+    import json
+
+    # Keyed by what the policy depends on, so a bench with other problems trains its own.
+    key = json.dumps([cfg.run.seed, cfg.problems.model_dump(mode="json"), cfg.policy.model_dump(mode="json"),
+                      cfg.bootstrap.model_dump(mode="json")], sort_keys=True)
+    path = CACHE / f"policy-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if not (path / "igrpo.json").exists():
         run_bootstrap(cfg, path)
     return path

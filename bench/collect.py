@@ -26,8 +26,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--n", type=int, default=4, help="rollouts per step for parts 1 and 2")
+    ap.add_argument("--steps", type=int, default=None, help="operations per problem (default: the quickstart's 2-3)")
     a = ap.parse_args()
-    cfg = quickstart()
+    steps = [f"problems.arithmetic.min_steps={a.steps}", f"problems.arithmetic.max_steps={a.steps}"] if a.steps else []
+    cfg = quickstart(steps)
     c = cfg.collect
     ps = problem_set_from_config(cfg)
     model, tok = load_policy(str(bootstrapped_policy(cfg)))
