@@ -81,9 +81,8 @@ def _reward_model(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: st
 
 
 def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
-    from models import load_policy, load_reward_model
+    from models import load_policy
     from pipeline.replay import read_shard
-    from pipeline.rewards import OrmScorer, PrmScorer
 
     e = cfg.eval
     problem_set = problem_set_from_config(cfg)
@@ -98,10 +97,7 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     # Best-of-N with this round's RMs on the same samples, beside majority vote and a random pick.
     rms = manifest.output(r, "reward_model")["paths"]
     prompts = [[p.prompt] * len(t) for p, t in zip(problems, ev.texts)]
-    scorers = {}
-    for kind, path in rms.items():
-        rm, tok, _ = load_reward_model(path, expect=kind)
-        scorers[kind] = PrmScorer(rm, tok, e.batch_size) if kind == "prm" else OrmScorer(rm, tok, e.batch_size)
+    scorers = {kind: _scorer(path, kind, e.batch_size) for kind, path in rms.items()}
     for n in e.best_of_n:
         for kind, scorer in scorers.items():
             scores = [_score(scorer, kind, ps, ts, cfg) for ps, ts in zip(prompts, ev.texts)]
@@ -115,8 +111,7 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     rows = read_shard(manifest.output(r, "collect")["path"])
     verifier = sum(x["outcome"] for x in rows) / max(len(rows), 1)
     for kind, path in trained_against.items():
-        rm, tok, _ = load_reward_model(path, expect=kind)
-        scorer = PrmScorer(rm, tok, e.batch_size) if kind == "prm" else OrmScorer(rm, tok, e.batch_size)
+        scorer = scorers[kind] if path == rms.get(kind) else _scorer(path, kind, e.batch_size)
         predicted = _score(scorer, kind, [x["prompt"] for x in rows], [x["completion"] for x in rows], cfg)
         metrics[f"monitor/{kind}_gap"] = sum(predicted) / max(len(predicted), 1) - verifier
 
@@ -133,6 +128,14 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     across = plot_pass_maj(curves, cfg.run_dir / "pass_maj_rounds.png")
     mlflow.MlflowClient().log_artifact(manifest.data["mlflow"]["parent"], str(across))
     return {"path": str(out_dir / "eval.json"), "metrics": metrics}
+
+
+def _scorer(path: str, kind: str, batch_size: int):
+    from models import load_reward_model
+    from pipeline.rewards import OrmScorer, PrmScorer
+
+    rm, tok, _ = load_reward_model(path, expect=kind)
+    return PrmScorer(rm, tok, batch_size) if kind == "prm" else OrmScorer(rm, tok, batch_size)
 
 
 def _score(scorer, kind: str, prompts: list[str], texts: list[str], cfg: PipelineConfig) -> list[float]:
