@@ -182,7 +182,7 @@ class EvalConfig(SamplingConfig):
 
 
 class TrackingConfig(Section):
-    tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: MLflow's default, ./mlruns).")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: MLflow's default, sqlite:///mlflow.db here).")
     experiment: str = Field("iterative-grpo", description="MLflow experiment; registered models are <experiment>-prm/-orm.")
     register_models: bool = Field(True, description="Register RM checkpoints as MLflow model versions.")
 
