@@ -158,14 +158,18 @@ def load_reward_model(
     return model, tokenizer, kind
 
 
+def lora_config(r: int, alpha: int, dropout: float, target_modules, task_type: str):
+    """A peft LoraConfig (what TRL's trainers take as `peft_config`)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type=task_type)
+
+
 def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, target_modules, task_type: str):
     """Wrap `model` in a peft LoRA adapter (only the adapter trains)."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    config = LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type=task_type
-    )
-    return get_peft_model(model, config)
+    return get_peft_model(model, lora_config(r, alpha, dropout, target_modules, task_type))
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) -> Path:

@@ -17,7 +17,7 @@ from datasets import Dataset
 from trl import GRPOTrainer
 
 from models import load_reward_model, save_model
-from models.factories import load_tokenizer
+from models.factories import load_tokenizer, lora_config
 from pipeline.advantages import process_advantages
 from pipeline.config import PipelineConfig, grpo_config
 from pipeline.problems import ProblemSet
@@ -166,13 +166,8 @@ def run_policy_phase(
     funcs, weights = build_reward_funcs(cfg, problem_set, orm)
     data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index)
 
-    peft_config = None
-    if cfg.policy.lora:
-        from peft import LoraConfig
-
-        lo = cfg.policy.lora
-        peft_config = LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout,
-                                 target_modules=lo.target_modules, task_type="CAUSAL_LM")
+    lo = cfg.policy.lora
+    peft_config = lora_config(lo.r, lo.alpha, lo.dropout, lo.target_modules, "CAUSAL_LM") if lo else None
 
     tokenizer = load_tokenizer(str(policy_path))
     # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.

@@ -175,29 +175,26 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def phase_run(manifest: Manifest, round_index: int, phase: str) -> str:
-    """The MLflow run of a phase (grandchild of the pipeline run), created once and reused on resume."""
-    exp = manifest.data["experiment_id"]
-    round_key = f"round-{round_index:03d}"
-    round_id = manifest.mlflow_run(round_key)
-    if round_id is None or not tracking.run_exists(round_id):
-        round_id = tracking.create_run(exp, round_key, manifest.data["mlflow"]["parent"], {"round": str(round_index)})
-        manifest.set_mlflow_run(round_key, round_id)
-    key = f"{round_key}/{phase}"
+def _ensure_run(manifest: Manifest, key: str, name: str, parent: str, tags: dict) -> str:
+    """The MLflow run recorded under `key`, created (and recorded) once, reused on resume."""
     run_id = manifest.mlflow_run(key)
     if run_id is None or not tracking.run_exists(run_id):
-        run_id = tracking.create_run(exp, f"{round_key}-{phase}", round_id, {"round": str(round_index), "phase": phase})
+        run_id = tracking.create_run(manifest.data["experiment_id"], name, parent, tags)
         manifest.set_mlflow_run(key, run_id)
     return run_id
+
+
+def phase_run(manifest: Manifest, round_index: int, phase: str) -> str:
+    """The MLflow run of a phase (grandchild of the pipeline run), created once and reused on resume."""
+    round_key = f"round-{round_index:03d}"
+    tags = {"round": str(round_index)}
+    round_id = _ensure_run(manifest, round_key, round_key, manifest.data["mlflow"]["parent"], tags)
+    return _ensure_run(manifest, f"{round_key}/{phase}", f"{round_key}-{phase}", round_id, {**tags, "phase": phase})
 
 
 def sub_run(manifest: Manifest, round_index: int, phase: str, name: str) -> str:
     """A run under a phase's run (one per trainer, e.g. the PRM and the ORM of the reward-model phase)."""
     parent = phase_run(manifest, round_index, phase)
-    key = f"round-{round_index:03d}/{phase}/{name}"
-    run_id = manifest.mlflow_run(key)
-    if run_id is None or not tracking.run_exists(run_id):
-        run_id = tracking.create_run(manifest.data["experiment_id"], f"round-{round_index:03d}-{phase}-{name}", parent,
-                                     {"round": str(round_index), "phase": phase})
-        manifest.set_mlflow_run(key, run_id)
-    return run_id
+    round_key = f"round-{round_index:03d}"
+    return _ensure_run(manifest, f"{round_key}/{phase}/{name}", f"{round_key}-{phase}-{name}", parent,
+                       {"round": str(round_index), "phase": phase})
