@@ -30,7 +30,9 @@ def cmd_bootstrap(args) -> None:
     from pipeline.bootstrap import run_bootstrap
 
     cfg = _config(args)
-    out = args.out or cfg.run_dir / "round-000" / "policy"
+    from pipeline.replay import round_dir
+
+    out = args.out or round_dir(cfg.run_dir, 0) / "policy"
     res = run_bootstrap(cfg, out)
     print(json.dumps({"policy": str(res.policy_path), **res.metrics}, indent=2))
 
@@ -77,19 +79,20 @@ def cmd_collect(args) -> None:
 
 
 def cmd_train_rm(args) -> None:
+    from pipeline.replay import round_dir
     from pipeline.reward_model import run_reward_model_phase
     from pipeline.tracking import resolve_model_uri
 
     cfg = _config(args)
     run_dir = Path(args.run_dir)
-    policy = args.policy or run_dir / f"round-{args.round:03d}" / "policy"
+    policy = args.policy or round_dir(run_dir, args.round) / "policy"
     previous = {}
     for kind in cfg.reward_model.kinds:
         given = dict(p.split("=", 1) for p in args.previous).get(kind)
-        default = run_dir / f"round-{args.round - 1:03d}" / "reward_model" / kind
+        default = round_dir(run_dir, args.round - 1) / "reward_model" / kind if args.round > 0 else None
         if given:
             previous[kind] = resolve_model_uri(given)
-        elif args.round > 0 and default.exists():
+        elif default is not None and default.exists():
             previous[kind] = str(default)
     res = run_reward_model_phase(cfg, run_dir, args.round, policy, previous)
     print(json.dumps({"paths": {k: str(v) for k, v in res.paths.items()}, **res.metrics}, indent=2))

@@ -49,11 +49,16 @@ _ROUND_DIR = re.compile(r"round-(\d{3,})")
 _STEP_LABEL_COLUMNS = ("he_labels", "se_labels")
 
 
-def shard_path(run_dir: str | os.PathLike, round: int) -> Path:
-    """`run_dir/round-XXX/samples.parquet`, XXX the round with 3 digits (more past 999)."""
+def round_dir(run_dir: str | os.PathLike, round: int) -> Path:
+    """`run_dir/round-XXX`, XXX the round with 3 digits (more past 999): where a round's outputs live."""
     if isinstance(round, bool) or not isinstance(round, int) or round < 0:
         raise ValueError(f"round must be an integer >= 0, got {round!r}")
-    return Path(run_dir) / f"round-{round:03d}" / SHARD_NAME
+    return Path(run_dir) / f"round-{round:03d}"
+
+
+def shard_path(run_dir: str | os.PathLike, round: int) -> Path:
+    """`run_dir/round-XXX/samples.parquet`."""
+    return round_dir(run_dir, round) / SHARD_NAME
 
 
 # --------------------------------------------------------------------------------------------- validation

@@ -6,18 +6,13 @@ policy against round r-1's reward models. Then collect -> reward_model -> eval, 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
 from pipeline.fsutil import read_json, write_json_atomic
 from pipeline.problems import problem_set_from_config
+from pipeline.replay import round_dir
 from pipeline.runner import Manifest, phase_run, sub_run
-
-
-def round_dir(cfg: PipelineConfig, r: int) -> Path:
-    return cfg.run_dir / f"round-{r:03d}"
 
 
 def run_phase(cfg: PipelineConfig, r: int, phase: str) -> dict:
@@ -40,7 +35,7 @@ def run_phase(cfg: PipelineConfig, r: int, phase: str) -> dict:
 
 
 def _policy(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
-    out = round_dir(cfg, r) / "policy"
+    out = round_dir(cfg.run_dir, r) / "policy"
     if r == 0:
         from pipeline.bootstrap import run_bootstrap
 
@@ -115,7 +110,7 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
         predicted = _score(scorer, kind, [x["prompt"] for x in rows], [x["completion"] for x in rows], cfg)
         metrics[f"monitor/{kind}_gap"] = sum(predicted) / max(len(predicted), 1) - verifier
 
-    out_dir = round_dir(cfg, r)
+    out_dir = round_dir(cfg.run_dir, r)
     curve = {k: v for k, v in ev.metrics.items() if "@" in k}
     write_json_atomic(out_dir / "eval.json", {"round": r, "metrics": metrics, "curve": curve})
     plot = plot_pass_maj({f"round {r}": curve}, out_dir / "pass_maj.png")
@@ -123,8 +118,8 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     import mlflow
 
     mlflow.MlflowClient().log_artifact(run_id, str(plot))
-    curves = {f"round {q}": read_json(round_dir(cfg, q) / "eval.json")["curve"] for q in range(r + 1)
-              if (round_dir(cfg, q) / "eval.json").exists()}
+    curves = {f"round {q}": read_json(round_dir(cfg.run_dir, q) / "eval.json")["curve"] for q in range(r + 1)
+              if (round_dir(cfg.run_dir, q) / "eval.json").exists()}
     across = plot_pass_maj(curves, cfg.run_dir / "pass_maj_rounds.png")
     mlflow.MlflowClient().log_artifact(manifest.data["mlflow"]["parent"], str(across))
     return {"path": str(out_dir / "eval.json"), "metrics": metrics}
