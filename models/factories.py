@@ -10,6 +10,7 @@ A policy spec is one of:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -176,8 +177,34 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
     """Save a checkpoint atomically: written to a temp directory beside `path`, then renamed.
 
     A LoRA model is merged first, so every checkpoint loads with plain `from_pretrained` (safetensors).
+    Under several processes (`accelerate launch`) every process calls this: DeepSpeed ZeRO-3's sharded
+    weights are gathered (a collective), process 0 writes, and the others wait until the checkpoint is in place.
     """
-    path = Path(path)
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return _write_checkpoint(model, tokenizer, Path(path))
+    with _whole_weights(model):
+        if dist.get_rank() == 0:
+            _write_checkpoint(model, tokenizer, Path(path))
+    dist.barrier()
+    return Path(path)
+
+
+@contextlib.contextmanager
+def _whole_weights(model: PreTrainedModel):
+    """ZeRO-3 keeps a shard of each weight on each process: gather the whole weights for the duration."""
+    sharded = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not sharded:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(sharded, modifier_rank=None):
+        yield
+
+
+def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.*"):  # left by a process killed while saving
         shutil.rmtree(stale, ignore_errors=True)

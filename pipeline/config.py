@@ -192,6 +192,50 @@ class OrchestrationConfig(Section):
     retry_delay_seconds: float = Field(10, ge=0, description="Wait between retries.")
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def accelerate_config_path(config_file: str) -> Path:
+    """Where `launcher.config_file` points: as given (absolute, or from the working directory), else from the repo.
+
+    The fallback lets `configs/accelerate/zero2.yaml` work from any directory with an editable install.
+    """
+    path = Path(config_file).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    return REPO_ROOT / path
+
+
+class LauncherConfig(Section):
+    kind: Literal["local", "accelerate"] = Field(
+        "local", description="'local': the GRPO and RM phases train in this process; 'accelerate': under `accelerate launch`."
+    )
+    config_file: str | None = Field(
+        None, description="Accelerate config YAML (configs/accelerate/*.yaml; None: accelerate's default config)."
+    )
+    num_processes: int | None = Field(None, ge=1, description="Processes to launch (overrides the config file's).")
+    extra_args: list[str] = Field(
+        default_factory=list, description="More `accelerate launch` arguments, e.g. ['--main_process_port', '29600']."
+    )
+
+    @field_validator("config_file")
+    @classmethod
+    def _readable_accelerate_config(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        path = accelerate_config_path(v)
+        if not path.is_file():
+            raise ValueError(f"{v!r} does not exist (give a path from the working directory, e.g. "
+                             "configs/accelerate/multi_gpu.yaml)")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"{v!r} is not valid YAML: {e}") from None
+        if not isinstance(data, dict) or "distributed_type" not in data:
+            raise ValueError(f"{v!r} is not an accelerate config (no distributed_type); see configs/accelerate/")
+        return v
+
+
 class PipelineConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -204,6 +248,7 @@ class PipelineConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
 
     @model_validator(mode="after")
     def _consistent(self):

@@ -179,6 +179,9 @@ def run_policy_phase(
         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
         prm_scorer=prm, supervision=mode,
     )
+    for scorer in (prm, orm):  # on this process's device (its own GPU under accelerate launch)
+        if scorer is not None:
+            scorer.model.to(trainer.accelerator.device)
     try:
         trainer.train()
     finally:

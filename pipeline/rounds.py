@@ -6,6 +6,8 @@ policy against round r-1's reward models. Then collect -> reward_model -> eval, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
@@ -41,14 +43,23 @@ def _policy(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> 
 
         res = run_bootstrap(cfg, out)
         return {"path": str(res.policy_path), "metrics": res.metrics}
+    prev_rms = manifest.output(r - 1, "reward_model")["paths"]
+    kwargs = {"policy_path": manifest.output(r - 1, "policy")["path"], "out_dir": str(out), "round_index": r,
+              "reward_model_path": prev_rms.get("prm"), "orm_path": prev_rms.get("orm")}
+    if cfg.launcher.kind == "accelerate":
+        from pipeline.launch import launch_phase
+
+        run_id = manifest.mlflow_run(f"round-{r:03d}/policy")
+        return launch_phase(cfg, "policy", kwargs, _launch_dir(cfg, r, "policy"), mlflow_run=run_id)
     from pipeline.policy import run_policy_phase
 
-    prev_rms = manifest.output(r - 1, "reward_model")["paths"]
-    res = run_policy_phase(
-        cfg, problem_set_from_config(cfg), manifest.output(r - 1, "policy")["path"], out, r,
-        reward_model_path=prev_rms.get("prm"), orm_path=prev_rms.get("orm"), report_to=report_to,
-    )
+    res = run_policy_phase(cfg, problem_set_from_config(cfg), report_to=report_to, **kwargs)
     return {"path": str(res.policy_path), "metrics": res.metrics}
+
+
+def _launch_dir(cfg: PipelineConfig, r: int, phase: str):
+    """Where a launched phase's request, result and log live (`round-XXX/.launch-<phase>`)."""
+    return round_dir(cfg.run_dir, r) / f".launch-{phase}"
 
 
 def _collect(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
@@ -59,13 +70,22 @@ def _collect(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) ->
 
 
 def _reward_model(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
-    from pipeline.reward_model import run_reward_model_phase
+    from pipeline.reward_model import RewardModelResult, run_reward_model_phase
 
     previous = manifest.output(r - 1, "reward_model")["paths"] if r > 0 else None
-    res = run_reward_model_phase(
-        cfg, cfg.run_dir, r, manifest.output(r, "policy")["path"], previous, report_to=report_to,
-        run_context=lambda kind: tracking.active(sub_run(manifest, r, "reward_model", kind)),
-    )
+    if cfg.launcher.kind == "accelerate":
+        from pipeline.launch import launch_phase
+
+        kwargs = {"run_dir": str(cfg.run_dir), "round_index": r, "policy_path": manifest.output(r, "policy")["path"],
+                  "previous": previous}
+        sub_runs = {kind: sub_run(manifest, r, "reward_model", kind) for kind in cfg.reward_model.kinds}
+        res = launch_phase(cfg, "reward_model", kwargs, _launch_dir(cfg, r, "reward_model"), sub_runs=sub_runs)
+        res = RewardModelResult({k: Path(v) for k, v in res["paths"].items()}, res["metrics"])
+    else:
+        res = run_reward_model_phase(
+            cfg, cfg.run_dir, r, manifest.output(r, "policy")["path"], previous, report_to=report_to,
+            run_context=lambda kind: tracking.active(sub_run(manifest, r, "reward_model", kind)),
+        )
     versions = {}
     if cfg.tracking.register_models:
         run_id = manifest.mlflow_run(f"round-{r:03d}/reward_model")

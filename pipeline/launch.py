@@ -1,0 +1,173 @@
+"""The GRPO and reward-model phases under `accelerate launch`: DDP or DeepSpeed ZeRO over several processes.
+
+With `launcher.kind: accelerate`, `launch_phase` (in the pipeline's process) writes the config and the
+phase's arguments to a work directory and starts
+
+    python -m accelerate.commands.launch --config_file F [--num_processes N] -m pipeline.launch WORK_DIR
+
+Every process runs `main`, which calls the same function as the in-process path (`run_policy_phase`,
+`run_reward_model_phase`); TRL and transformers' Trainer split the batches and gather what they need. The
+main process writes the phase's result to `WORK_DIR/result.json` (atomically), which `launch_phase` reads
+back. MLflow: the phase's run id, the tracking URI and the experiment travel in the environment
+(`MLFLOW_RUN_ID`, `MLFLOW_TRACKING_URI`, `MLFLOW_EXPERIMENT_ID`); the main process makes the run active
+around the trainer, as the in-process path does, so Trainer's own metrics land in the round's phase run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config import LauncherConfig, PipelineConfig, accelerate_config_path, config_from_dict
+from pipeline.fsutil import read_json, write_json_atomic
+
+PHASES = ("policy", "reward_model")
+LOG_TAIL_LINES = 40
+
+
+class LaunchError(RuntimeError):
+    """A phase under `accelerate launch` failed; the message holds the tail of its output."""
+
+
+def launch_command(launcher: LauncherConfig, target: Sequence[str]) -> list[str]:
+    """The `accelerate launch` command line running `target` (`['-m', 'module', ...]` or `['script.py', ...]`)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    if launcher.config_file:
+        cmd += ["--config_file", str(accelerate_config_path(launcher.config_file))]
+    if launcher.num_processes is not None:
+        cmd += ["--num_processes", str(launcher.num_processes)]
+    return cmd + list(launcher.extra_args) + list(target)
+
+
+def check_launchable(launcher: LauncherConfig) -> None:
+    """Refuse, before starting anything, an accelerate config whose engine is not installed."""
+    if not launcher.config_file:
+        return
+    data = yaml.safe_load(accelerate_config_path(launcher.config_file).read_text())
+    if data.get("distributed_type") == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+        raise LaunchError(
+            f"launcher.config_file: {launcher.config_file} uses DeepSpeed, which is not installed here: "
+            "pip install deepspeed (on a CUDA machine), or use configs/accelerate/multi_gpu.yaml"
+        )
+
+
+def run_logged(cmd: Sequence[str], log_path: Path, env: dict[str, str], what: str) -> None:
+    """Run `cmd` with stdout and stderr in `log_path`; a non-zero exit is a LaunchError quoting the log's tail."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        rc = subprocess.run(list(cmd), stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        tail = "\n".join(_children_output(log_path.read_text(errors="replace"))[-LOG_TAIL_LINES:])
+        raise LaunchError(f"{what} failed under accelerate launch (exit code {rc}); full log: {log_path}\n{tail}")
+
+
+def _children_output(log: str) -> list[str]:
+    """The log's lines up to the launcher's own report (torchrun's traceback and failure table), which
+    would otherwise fill the tail and hide the processes' errors."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        launcher_traceback = line.startswith("Traceback") and any(
+            "accelerate/commands/launch.py" in later for later in lines[i + 1 : i + 6])
+        if launcher_traceback or ("torch/distributed/elastic" in line and "failed (exitcode" in line):
+            return lines[:i] or lines
+    return lines
+
+
+def launch_phase(
+    cfg: PipelineConfig,
+    phase: str,
+    kwargs: dict[str, Any],
+    work_dir: str | Path,
+    mlflow_run: str | None = None,
+    sub_runs: dict[str, str] | None = None,
+) -> dict:
+    """Run `phase` ('policy' or 'reward_model') under `accelerate launch`; return the result its main process wrote.
+
+    Args:
+        kwargs: the phase function's arguments after `cfg` (paths as strings, JSON-serialisable).
+        work_dir: holds the request, the result and `launch.log`, the processes' output.
+        mlflow_run: the phase's MLflow run (the policy phase logs into it).
+        sub_runs: reward-model kind -> its MLflow run (the reward-model phase logs each trainer into its own).
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    check_launchable(cfg.launcher)
+    import mlflow
+
+    work_dir = Path(work_dir)
+    result = work_dir / "result.json"
+    result.unlink(missing_ok=True)  # a stale result from a killed attempt must not pass for this one
+    write_json_atomic(work_dir / "request.json", {
+        "config": cfg.model_dump(mode="json"), "phase": phase, "kwargs": kwargs, "sub_runs": sub_runs or {},
+    })
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri()}
+    env.pop("MLFLOW_RUN_ID", None)
+    if mlflow_run:
+        env["MLFLOW_RUN_ID"] = mlflow_run
+        env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(mlflow_run).info.experiment_id
+    cmd = launch_command(cfg.launcher, ["-m", "pipeline.launch", str(work_dir)])
+    run_logged(cmd, work_dir / "launch.log", env, f"the {phase} phase")
+    if not result.exists():
+        raise LaunchError(f"the {phase} phase exited without writing {result}; see {work_dir / 'launch.log'}")
+    return read_json(result)
+
+
+# --- inside each launched process --------------------------------------------------------------------
+
+
+def _policy(cfg: PipelineConfig, kwargs: dict, run_id: str | None, sub_runs: dict, main: bool) -> dict:
+    from pipeline import tracking
+    from pipeline.policy import run_policy_phase
+    from pipeline.problems import problem_set_from_config
+
+    with tracking.active(run_id if main else None):
+        res = run_policy_phase(cfg, problem_set_from_config(cfg), report_to="mlflow" if run_id else "none", **kwargs)
+    return {"path": str(res.policy_path), "metrics": res.metrics}
+
+
+def _reward_model(cfg: PipelineConfig, kwargs: dict, run_id: str | None, sub_runs: dict, main: bool) -> dict:
+    from pipeline import tracking
+    from pipeline.reward_model import run_reward_model_phase
+
+    res = run_reward_model_phase(
+        cfg, report_to="mlflow" if sub_runs else "none",
+        run_context=lambda kind: tracking.active(sub_runs.get(kind) if main else None), **kwargs,
+    )
+    return {"paths": {k: str(v) for k, v in res.paths.items()}, "metrics": res.metrics}
+
+
+ENTRIES = {"policy": _policy, "reward_model": _reward_model}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of each launched process: `python -m pipeline.launch WORK_DIR`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m pipeline.launch WORK_DIR (started by pipeline.launch.launch_phase)")
+    work_dir = Path(argv[0])
+    request = read_json(work_dir / "request.json")
+    cfg = config_from_dict(request["config"], check_trl=False)  # checked in full by the parent
+    # Made active explicitly below, on the main process only: left in the environment, Trainer's MLflow
+    # callback would start it a second time while it is active.
+    run_id = os.environ.pop("MLFLOW_RUN_ID", None)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    result = ENTRIES[request["phase"]](cfg, request["kwargs"], run_id, request["sub_runs"], main_process)
+    if main_process:
+        write_json_atomic(work_dir / "result.json", result)
+    with contextlib.suppress(Exception):  # the group may already be gone; nothing is left to synchronise
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""One process-supervised GRPO step on fixed completions; run by tests/test_launcher.py as 1 and as 2 processes.
+
+    python tests/launcher_step.py MODELS_DIR OUT_JSON PER_DEVICE_BATCH        (one process)
+    accelerate launch --config_file configs/accelerate/cpu_2proc.yaml tests/launcher_step.py ...  (two)
+
+Sampling is replaced by a fixed table of completions indexed by the completion's place in the *global*
+generation batch (process index x local batch + row), because sampled completions depend on each
+process's random stream and would differ between 1 and 2 processes. Everything after sampling is the
+real path: TRL tokenises and pads, our `ProcessGRPOTrainer` scores steps with the PRM, gathers them over
+processes, normalises per group and slices its rows; TRL computes the loss and DDP averages gradients.
+The main process writes the gathered prompts, completions and advantages, the logged loss of the step,
+and the gradient's norm and every 37th value (before the optimizer step) to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from accelerate.utils import gather_object
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from models.factories import load_reward_model, load_tokenizer
+from pipeline.config import PipelineConfig, grpo_config
+from pipeline.fsutil import write_json_atomic
+from pipeline.policy import ProcessGRPOTrainer
+from pipeline.rewards import PrmScorer
+
+PROMPTS = ["3+4*2=?\n", "9-5+6=?\n", "7*3-2=?\n"]
+# 3 groups of 4 over 12 rows: with 6 rows a process, the middle group straddles the two processes, so its
+# steps are normalised right only if they are gathered first. Steps vary in number and length; the
+# longest completions are cut at MAX_COMPLETION (scored as they are), one is blank (eos only).
+COMPLETIONS = [
+    "3+4=7\n7*2=14\nThe answer is 14\n", "4*2=8\n3+8=11\nThe answer is 11\n", "3+4=7\nThe answer is 7\n", "",
+    "9-5=4\n4+6=10\nThe answer is 10\n", "9-5=4\n4+6=11\n", "The answer is 10\n", "9-5=4\n4+6=10\n10*1=10\n",
+    "7*3=21\n21-2=19\n", "7*3=21\n21-2=18\nThe answer is 18\n", "21-2=19\n", "7*3=24\nThe answer is 22\n",
+]
+MAX_COMPLETION = 28
+
+
+class FixedCompletions(ProcessGRPOTrainer):
+    """ProcessGRPOTrainer whose "sampling" returns COMPLETIONS[global index]; records the first step's tensors."""
+
+    record: dict | None = None
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        start = self.accelerator.process_index * len(prompt_ids)
+        ids = [self.processing_class(COMPLETIONS[(start + i) % len(COMPLETIONS)])["input_ids"] for i in range(len(prompt_ids))]
+        eos = self.processing_class.eos_token_id
+        return [(c + [eos])[:MAX_COMPLETION] for c in ids], None
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if self.record is None:
+            lengths = out["completion_mask"].sum(1).tolist()
+            rows = [a[: int(n)].tolist() for a, n in zip(out["advantages"], lengths)]  # (B, T) -> ragged
+            texts = self.processing_class.batch_decode(out["completion_ids"], skip_special_tokens=True)
+            self.record = {"prompts": gather_object([x["prompt"] for x in inputs]), "completions": gather_object(texts),
+                           "advantages": gather_object(rows)}
+        return out
+
+
+class GradientProbe(TrainerCallback):
+    """The gradient after backward (DDP has averaged it over processes), before the optimizer uses it."""
+
+    grad: torch.Tensor | None = None
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self.grad is None:
+            self.grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def no_reward(completions, **kwargs) -> list[float]:
+    """TRL needs a reward function; in process mode the advantages come from the PRM alone."""
+    return [0.0] * len(completions)
+
+
+def main(models_dir: str, out_json: str, per_device_batch: int) -> None:
+    tokenizer = load_tokenizer(f"{models_dir}/policy")
+    prm, prm_tok, _ = load_reward_model(f"{models_dir}/prm", expect="prm")
+    cfg = PipelineConfig(grpo={"num_generations": 4, "per_device_train_batch_size": per_device_batch, "max_steps": 1,
+                               "max_completion_length": MAX_COMPLETION, "logging_steps": 1, "max_grad_norm": 0.0,
+                               "learning_rate": 1e-3})
+    args = grpo_config(cfg, f"{models_dir}/scratch-{per_device_batch}", reward_weights=[1.0])
+    probe = GradientProbe()
+    trainer = FixedCompletions(
+        model=f"{models_dir}/policy", reward_funcs=[no_reward], args=args,
+        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]), processing_class=tokenizer,
+        callbacks=[probe], prm_scorer=PrmScorer(prm, prm_tok), supervision="process",
+    )
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        loss = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
+        write_json_atomic(out_json, {**trainer.record, "loss": loss, "processes": trainer.accelerator.num_processes,
+                                     "grad_norm": probe.grad.norm().item(), "grad_sample": probe.grad[::37].tolist()})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

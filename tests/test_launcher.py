@@ -1,0 +1,234 @@
+"""`launcher: accelerate`: 2 CPU processes give what 1 process gives; the phases run and log through `accelerate launch`.
+
+The launched runs use `configs/accelerate/cpu_2proc.yaml` (torchrun, gloo). Each start of a launched
+process costs seconds (Python, torch, TRL imports), so every test here starts as few as it can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
+from pipeline.config import ConfigError, LauncherConfig, config_from_dict
+from pipeline.launch import LaunchError, check_launchable, launch_command, run_logged
+from tests.conftest import mini_config
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_2PROC = "configs/accelerate/cpu_2proc.yaml"
+STEP_SCRIPT = REPO / "tests" / "launcher_step.py"
+MINI_TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128, "max_position_embeddings": 96}
+
+
+def child_env() -> dict[str, str]:
+    """The launched processes import `pipeline` and `models` from this checkout."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def build_models(where: Path) -> tuple[Path, Path]:
+    """A tiny policy (mini_config's sizes) and a PRM on its backbone with a seeded head."""
+    tok = char_tokenizer()
+    policy = save_model(tiny_policy(tok, **MINI_TINY, seed=0), tok, where / "policy")
+    torch.manual_seed(1)
+    prm = save_model(*reward_model_from_policy(str(policy), "prm"), where / "prm")
+    return policy, prm
+
+
+# --- config ------------------------------------------------------------------------------------------
+
+
+def test_launcher_defaults_to_in_process():
+    cfg = config_from_dict({}, check_trl=False)
+    assert cfg.launcher.kind == "local" and cfg.launcher.config_file is None
+
+
+def test_missing_accelerate_config_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"launcher\.config_file: 'nope/zero9\.yaml' does not exist"):
+        config_from_dict({"launcher": {"kind": "accelerate", "config_file": "nope/zero9.yaml"}}, check_trl=False)
+
+
+def test_a_yaml_that_is_not_an_accelerate_config_is_refused(tmp_path):
+    path = tmp_path / "acc.yaml"
+    path.write_text("run:\n  name: x\n")
+    with pytest.raises(ConfigError, match=r"launcher\.config_file: .* is not an accelerate config"):
+        config_from_dict({"launcher": {"kind": "accelerate", "config_file": str(path)}}, check_trl=False)
+
+
+def test_relative_config_file_resolves_from_the_repo_when_not_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # configs/ is not here: the path is found beside the package
+    cfg = config_from_dict({"launcher": {"kind": "accelerate", "config_file": CPU_2PROC, "num_processes": 3,
+                                         "extra_args": ["--main_process_port", "0"]}}, check_trl=False)
+    cmd = launch_command(cfg.launcher, ["-m", "pipeline.launch", "WORK"])
+    assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert cmd[3:] == ["--config_file", str(REPO / CPU_2PROC), "--num_processes", "3", "--main_process_port", "0",
+                       "-m", "pipeline.launch", "WORK"]
+
+
+@pytest.mark.parametrize("name", ["cpu_2proc", "multi_gpu", "zero2", "zero3"])
+def test_shipped_accelerate_configs_are_what_they_say(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = REPO / "configs" / "accelerate" / f"{name}.yaml"
+    raw = yaml.safe_load(path.read_text())
+    assert path.read_text().startswith("#")  # each file says how to run it
+    loaded = load_config_from_file(str(path))  # accelerate's own reader accepts it
+    expected = {"cpu_2proc": "MULTI_GPU", "multi_gpu": "MULTI_GPU", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED"}[name]
+    assert loaded.distributed_type == expected
+    assert raw["main_process_port"] == 0  # a free port: runs on one machine never collide
+    if name.startswith("zero"):
+        assert raw["deepspeed_config"]["zero_stage"] == int(name[-1])
+    if name == "zero3":
+        assert raw["deepspeed_config"]["zero3_save_16bit_model"] is True  # checkpoints hold whole weights
+    if name == "cpu_2proc":
+        assert raw["use_cpu"] is True and raw["num_processes"] == 2
+
+
+def test_deepspeed_config_without_deepspeed_is_one_clear_error():
+    pytest.importorskip("accelerate")
+    if __import__("importlib").util.find_spec("deepspeed") is not None:
+        pytest.skip("deepspeed is installed here")
+    with pytest.raises(LaunchError, match=r"launcher\.config_file: .*zero2\.yaml uses DeepSpeed.*pip install deepspeed"):
+        check_launchable(LauncherConfig(kind="accelerate", config_file="configs/accelerate/zero2.yaml"))
+
+
+def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import os\nraise ValueError(f'broken on rank {os.environ[\"RANK\"]}')\n")
+    launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
+    with pytest.raises(LaunchError) as info:
+        run_logged(launch_command(launcher, [str(script)]), tmp_path / "launch.log", child_env(), "the test phase")
+    message = str(info.value)
+    assert "the test phase failed under accelerate launch (exit code 1)" in message
+    assert "ValueError: broken on rank" in message and str(tmp_path / "launch.log") in message
+
+
+# --- the key check: 2 processes == 1 process -----------------------------------------------------------
+
+
+def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_path):
+    """One process-supervised GRPO step on the same 12 completions: 1 process x 12 rows, 2 processes x 6 rows.
+
+    Sampling is replaced by a fixed completion table (see tests/launcher_step.py): sampled completions follow
+    each process's random stream and cannot match. With 3 groups of 4 over 2 x 6 rows the middle group
+    straddles the processes, so a missing gather (normalising a group's steps per process: refused, a
+    process then holds half a group) or a wrong slice (a process keeping another's rows: 18 of 18 checked
+    values off by up to 1.46 when tried) changes the advantages, hence the loss and the gradient.
+    """
+    build_models(tmp_path)
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
+    # Both at once: the 1-process run is plain Python, no torch.distributed (what `launcher: local` runs).
+    single = subprocess.Popen([sys.executable, str(STEP_SCRIPT), str(tmp_path), str(one), "12"], env=child_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_logged(launch_command(launcher, [str(STEP_SCRIPT), str(tmp_path), str(two), "6"]),
+               tmp_path / "two.log", child_env(), "the 2-process step")
+    _, err = single.communicate(timeout=300)
+    assert single.returncode == 0, err[-3000:]
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+
+    assert (a["processes"], b["processes"]) == (1, 2)
+    # The same global batch in the same order: RepeatSampler's seeded order, rows split by rank.
+    assert a["prompts"] == b["prompts"] and len(a["prompts"]) == 12 and len(set(a["prompts"])) == 3
+    assert a["completions"] == b["completions"]
+    # Advantages: identical (same fp32 operations on the same gathered step scores), row by row, token by token.
+    assert [len(r) for r in a["advantages"]] == [len(r) for r in b["advantages"]]
+    for ra, rb in zip(a["advantages"], b["advantages"]):
+        assert rb == pytest.approx(ra, abs=1e-6)
+    assert any(abs(v) > 0.1 for r in a["advantages"] for v in r)  # not a trivial all-zero case
+    # Loss: TRL's DAPO loss normalises by the global token count / processes; the logged loss is the mean
+    # over processes, so it equals the 1-process loss. Measured: advantages equal exactly, loss 1.2e-7 apart
+    # (2 float32 ulps at 0.66), gradient entries within 1.5e-8 (largest 0.16).
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    assert a["loss"] != 0
+    # Gradient after DDP's all-reduce (mean over processes): the same up to float summation order.
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    ga, gb = torch.tensor(a["grad_sample"]), torch.tensor(b["grad_sample"])
+    torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+
+
+# --- the phases through the pipeline ---------------------------------------------------------------------
+
+
+def _run_with_round0(tmp_path, **sections):
+    """A run directory whose round 0 is recorded done with a built policy and PRM (no SFT, no collection)."""
+    from pipeline.runner import open_run
+
+    cfg = config_from_dict(mini_config(tmp_path, launcher={"kind": "accelerate", "config_file": CPU_2PROC},
+                                       **sections))
+    policy, prm = build_models(tmp_path / "models")
+    manifest = open_run(cfg)
+    manifest.record(0, "policy", {"path": str(policy), "metrics": {}})
+    manifest.record(0, "reward_model", {"paths": {"prm": str(prm)}, "metrics": {}})
+    return cfg, policy
+
+
+def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_run(tmp_path, mlflow_tmp, monkeypatch):
+    import mlflow
+
+    from pipeline.rounds import run_phase
+    from pipeline.runner import Manifest
+
+    monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
+    # 2 processes x 4 rows: one group of 4 per process, 2 steps.
+    cfg, start = _run_with_round0(tmp_path, grpo={"per_device_train_batch_size": 4, "max_steps": 2},
+                                  reward_model={"kinds": ["prm"]}, tracking={"tracking_uri": mlflow_tmp})
+    out = run_phase(cfg, 1, "policy")
+
+    policy = Path(out["path"])
+    assert (policy / "config.json").exists() and (policy / "igrpo.json").exists()
+    assert not any(p.name.startswith(".policy.") for p in policy.parent.iterdir())  # one writer, no leftovers
+    weights = lambda p: torch.cat([t.flatten() for t in __import__("safetensors.torch").torch.load_file(  # noqa: E731
+        str(p / "model.safetensors")).values()])
+    assert not torch.equal(weights(policy), weights(start))  # it trained
+    assert out["metrics"]["policy/steps"] == 2.0
+
+    manifest = Manifest.load(cfg.run_dir)
+    assert manifest.done(1, "policy")
+    run = mlflow.MlflowClient().get_run(manifest.mlflow_run("round-001/policy"))
+    # Trainer's and TRL's own metrics, logged by the launched main process into the phase run ...
+    assert {"loss", "reward", "process/step_reward_mean", "completions/mean_length"} <= set(run.data.metrics)
+    history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")
+    assert sorted(m.step for m in history) == [1, 2]  # once per step, from one process only
+    # ... and the phase's summary, logged by the pipeline's process afterwards.
+    assert "policy/reward_end" in run.data.metrics
+    assert run.data.params.get("per_device_train_batch_size") == "4"
+
+
+@pytest.mark.slow
+def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch):
+    import mlflow
+
+    from pipeline.replay import shard_path, write_shard
+    from pipeline.rounds import run_phase
+    from pipeline.runner import Manifest
+
+    monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
+    cfg, policy = _run_with_round0(tmp_path, reward_model={"kinds": ["prm", "orm"], "holdout_fraction": 0.25},
+                                   tracking={"tracking_uri": mlflow_tmp, "register_models": False})
+    rows = [
+        {"round": 1, "policy": str(policy), "prompt_id": f"p{i // 2}", "prompt": f"{i}+1=?\n", "sample_index": i % 2,
+         "completion": f"{i}+1={i + 1 + i % 2}\nThe answer is {i + 1 + i % 2}\n", "answer": str(i + 1 + i % 2),
+         "steps": [f"{i}+1={i + 1 + i % 2}", f"The answer is {i + 1 + i % 2}"], "outcome": 1 - i % 2,
+         "he_labels": [1 - i % 2] * 2, "se_labels": [1.0 - i % 2] * 2, "gold_labels": None, "rollouts": 4,
+         "num_tokens": 20}
+        for i in range(16)
+    ]
+    write_shard(rows, shard_path(cfg.run_dir, 1))
+    manifest = Manifest.load(cfg.run_dir)
+    manifest.record(1, "policy", {"path": str(policy), "metrics": {}})
+    out = run_phase(cfg, 1, "reward_model")
+
+    assert set(out["paths"]) == {"prm", "orm"}
+    assert all((Path(p) / "config.json").exists() for p in out["paths"].values())
+    assert "prm/solution_auc" in out["metrics"] and "orm/auc" in out["metrics"]
+    manifest = Manifest.load(cfg.run_dir)
+    for kind in ("prm", "orm"):
+        run = mlflow.MlflowClient().get_run(manifest.mlflow_run(f"round-001/reward_model/{kind}"))
+        assert "train_loss" in run.data.metrics, kind  # Trainer's metrics in the trainer's own run
