@@ -38,14 +38,14 @@ def cmd_bootstrap(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from models import load_policy
     from pipeline.evaluate import evaluate_policy
+    from pipeline.generation import load_sampling_model
     from pipeline.problems import problem_set_from_config
 
     cfg = _config(args)
     e = cfg.eval
     ps = problem_set_from_config(cfg)
-    model, tok = load_policy(args.policy)
+    model, tok = load_sampling_model(args.policy, e.backend)
     ev = evaluate_policy(model, tok, ps, ps.test[: e.num_problems], n=e.samples_per_problem,
                          temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens,
                          batch_size=e.batch_size, seed=cfg.run.seed)

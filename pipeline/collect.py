@@ -146,34 +146,38 @@ class CollectResult:
 def run_collection_phase(
     cfg: PipelineConfig, problem_set: ProblemSet, policy_path: str | Path, run_dir: str | Path, round_index: int
 ) -> CollectResult:
-    """Sample G completions for M fresh prompts, label outcomes and steps, write the round's shard."""
-    from models import load_policy
-    from pipeline.generation import sample
+    """Sample G completions for M fresh prompts, label outcomes and steps, write the round's shard.
+
+    With `collect.workers > 1` every generation call (the samples, then each MC rollout stream) is
+    sharded over the workers (`pipeline/fanout.py`) and merged here; labelling itself stays here, as it
+    only reads strings. The shard is the same as with one worker.
+    """
+    from pipeline.fanout import open_sampler
 
     c = cfg.collect
     run_dir = Path(run_dir)
-    model, tokenizer = load_policy(str(policy_path))
-    opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens, batch_size=c.batch_size)
     seed = cfg.run.seed * 1000 + round_index
     stats = {"rollout_seconds": 0.0, "rollout_tokens": 0, "rollouts": 0}
+    with open_sampler(str(policy_path), c) as sample:
 
-    def completer(texts: list[str], n: int) -> list[list[str]]:
-        stats["calls"] = stats.get("calls", 0) + 1
-        out = sample(model, tokenizer, texts, n, seed=seed + 17 * stats["calls"], desc="MC rollouts", **opts)
-        stats["rollout_seconds"] += out.seconds
-        stats["rollout_tokens"] += out.total_tokens
-        stats["rollouts"] += len(texts) * n
-        return out.texts
+        def completer(texts: list[str], n: int) -> list[list[str]]:
+            stats["calls"] = stats.get("calls", 0) + 1
+            out = sample(texts, n, seed=seed + 17 * stats["calls"], desc="MC rollouts")
+            stats["rollout_seconds"] += out.seconds
+            stats["rollout_tokens"] += out.total_tokens
+            stats["rollouts"] += len(texts) * n
+            return out.texts
 
-    # Sample the fresh policy.
-    problems = draw_prompts(problem_set, run_dir, round_index, c.prompts_per_round, cfg.run.seed)
-    fresh = sample(model, tokenizer, [p.prompt for p in problems], c.samples_per_prompt, seed=seed, desc="samples", **opts)
-    items = [(p, j, fresh.texts[i][j], fresh.num_tokens[i][j]) for i, p in enumerate(problems) for j in range(c.samples_per_prompt)]
+        # Sample the fresh policy.
+        problems = draw_prompts(problem_set, run_dir, round_index, c.prompts_per_round, cfg.run.seed)
+        fresh = sample([p.prompt for p in problems], c.samples_per_prompt, seed=seed, desc="samples")
+        items = [(p, j, fresh.texts[i][j], fresh.num_tokens[i][j])
+                 for i, p in enumerate(problems) for j in range(c.samples_per_prompt)]
 
-    # Label: verifier outcome, then MC step labels through one batched stream.
-    reqs = [make_request(problem_set, p, text) for p, _, text, _ in items]
-    label = label_exhaustive if c.strategy == "exhaustive" else label_first_error
-    labels = label(problem_set, completer, reqs, c.rollouts_per_step)
+        # Label: verifier outcome, then MC step labels through one batched stream.
+        reqs = [make_request(problem_set, p, text) for p, _, text, _ in items]
+        label = label_exhaustive if c.strategy == "exhaustive" else label_first_error
+        labels = label(problem_set, completer, reqs, c.rollouts_per_step)
 
     rows, gold = [], []
     for (p, j, text, ntok), lab in zip(items, labels):

@@ -146,7 +146,10 @@ class SamplingConfig(Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     max_new_tokens: int = Field(64, ge=1, description="Longest completion in tokens.")
-    batch_size: int = Field(64, ge=1, description="Sequences per generate call.")
+    batch_size: int = Field(64, ge=1, description="Sequences per generate call (HF); the unit of sharding and seeding.")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Generation engine: HF generate, or vLLM (needs `pip install 'iterative-grpo[vllm]'` and a GPU)."
+    )
 
 
 class CollectConfig(SamplingConfig):
@@ -154,12 +157,23 @@ class CollectConfig(SamplingConfig):
     samples_per_prompt: int = Field(4, ge=1, description="G: completions per prompt.")
     rollouts_per_step: int = Field(4, ge=1, description="N: MC completions from each step prefix.")
     strategy: Literal["exhaustive", "first_error"] = Field("exhaustive", description="Which prefixes get rollouts.")
+    workers: int = Field(1, ge=1, description="Sampling workers; batches are sharded over them, with the same shard as 1 worker.")
+    task_runner: Literal["thread", "ray"] = Field(
+        "thread", description="Prefect task runner of the workers: threads in this process, or Ray (`[ray]` extra)."
+    )
+    ray_address: str | None = Field(None, description="Ray cluster to join (e.g. ray://head:10001); None starts a local one.")
+    ray_init: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to ray.init when starting a local Ray (num_cpus, object_store_memory...)."
+    )
+    gpus_per_worker: float = Field(0.0, ge=0, description="Ray: GPUs reserved by each worker's task (1 on a GPU node).")
 
 
 class RewardModelConfig(Section):
     kinds: list[Literal["prm", "orm"]] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
     target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")
     aggregation: Literal["min", "last", "product"] = Field("min", description="A solution's PRM score from its steps.")
+    orm_loss: Literal["bce", "pairwise"] = Field(
+        "bce", description="ORM loss: BCE on outcomes, or pairwise (Bradley-Terry, TRL's RewardTrainer) on correct/incorrect pairs of one prompt.")
     replay_fraction: float = Field(0.1, description="Share of the historical shards replayed in each retraining.")
     warm_start: bool = Field(True, description="Start each round from the previous round's RM.")
     holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
@@ -261,9 +275,44 @@ class PipelineConfig(Section):
             raise ValueError(f"eval.best_of_n {bad} must lie in [1, eval.samples_per_problem]")
         return self
 
+    @model_validator(mode="after")
+    def _extras_installed(self):
+        # Checked at load, so a missing engine fails before round 0, not when the first GRPO phase starts.
+        missing: dict[str, list[str]] = {}
+        for field, extra, module in extras_needed(self):
+            if not _installed(module):
+                missing.setdefault(extra, []).append(field)
+        lines = []
+        for extra, fields in missing.items():
+            instead = ", ".join(f"{f}: {_WITHOUT[f.rsplit('.', 1)[1]]}" for f in fields)
+            lines.append(f"{', '.join(fields)}: needs the [{extra}] extra, which is not installed: "
+                         f"pip install 'iterative-grpo[{extra}]' (or set {instead})")
+        if lines:
+            raise ValueError("\n".join(lines))
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.run.runs_dir) / self.run.name
+
+
+_WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}  # the setting that needs no extra
+
+
+def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
+    """(field, pip extra, module) for each optional engine the config asks for."""
+    needed = [(f"{name}.backend", "vllm", "vllm") for name in ("collect", "eval") if getattr(cfg, name).backend == "vllm"]
+    if cfg.grpo.get("use_vllm") is True:
+        needed.append(("grpo.use_vllm", "vllm", "vllm"))
+    if cfg.collect.task_runner == "ray" and cfg.collect.workers > 1:
+        needed.append(("collect.task_runner", "ray", "prefect_ray"))
+    return needed
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 # --- loading --------------------------------------------------------------------------------------

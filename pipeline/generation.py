@@ -1,17 +1,31 @@
-"""Batched sampling shared by collection and evaluation (HF generate; vLLM when asked for and installed).
+"""Batched sampling shared by collection and evaluation: HF generate, or vLLM with the `[vllm]` extra.
 
-Prompts are sorted by length before batching so each batch pads little, then results go back in the
-caller's order. Left padding, so every row continues right after its own prompt.
+Randomness depends only on the seed and the job, never on which process runs it: the (prompt, sample)
+jobs are sorted by prompt length (similar lengths share a batch and pad little) and cut into batches of
+`batch_size`, and batch `b` is generated under its own seed `batch_seed(seed, b)`. A run split into
+shards of whole batches (`pipeline/fanout.py`) therefore gives the same texts as one process. vLLM
+seeds each job instead (its scheduler forms its own batches). Left padding, so every row continues
+right after its own prompt.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Job = tuple[int, int]  # (prompt index, sample index)
+Batch = tuple[int, list[Job]]  # (global batch index, its jobs)
+# One (job, text, num_tokens) per generated sequence.
+Generated = list[tuple[Job, str, int]]
+
+# Threads sharing a process share torch's global RNG: seeding and sampling a batch must not interleave.
+_RNG_LOCK = threading.Lock()
 
 
 @dataclass
@@ -27,9 +41,43 @@ class Samples:
         return sum(map(sum, self.num_tokens))
 
 
-@torch.inference_mode()
+def plan_batches(prompts: Sequence[str], n: int, batch_size: int) -> list[Batch]:
+    """All `n` jobs of every prompt, longest prompts first (stable), cut into numbered batches.
+
+    >>> plan_batches(["a", "bbb", "cc"], 2, 4)
+    [(0, [(1, 0), (1, 1), (2, 0), (2, 1)]), (1, [(0, 0), (0, 1)])]
+    """
+    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n)), key=lambda ij: -len(prompts[ij[0]]))
+    return [(b, jobs[s : s + batch_size]) for b, s in enumerate(range(0, len(jobs), batch_size))]
+
+
+def batch_seed(seed: int, index: int) -> int:
+    """The seed of batch (or vLLM job) `index` of a call seeded `seed`: distinct for distinct pairs.
+
+    >>> batch_seed(0, 3), batch_seed(1, 0)
+    (3, 1000003)
+    """
+    return (seed * 1_000_003 + index) % 2**63
+
+
+def is_vllm(model) -> bool:
+    return type(model).__module__.startswith("vllm")
+
+
+def load_sampling_model(path: str, backend: str = "hf"):
+    """(model, tokenizer) for `sample`: an HF causal LM, or a `vllm.LLM` on the checkpoint directory."""
+    if backend == "vllm":
+        from vllm import LLM  # the [vllm] extra; the config refuses backend vllm without it
+
+        llm = LLM(model=str(path))  # every request carries its own seed
+        return llm, llm.get_tokenizer()
+    from models import load_policy
+
+    return load_policy(str(path))
+
+
 def sample(
-    model: PreTrainedModel,
+    model,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     n: int = 1,
@@ -44,46 +92,107 @@ def sample(
 ) -> Samples:
     """Sample `n` completions for every prompt, `batch_size` sequences per `generate` call.
 
-    Generation stops at the eos token or after `max_new_tokens`; `num_tokens` counts the generated
-    tokens up to and including eos. Seeded: the same call gives the same texts.
+    `model` is an HF causal LM or a `vllm.LLM` (see `load_sampling_model`). Generation stops at the eos
+    token or after `max_new_tokens`; `num_tokens` counts the generated tokens up to and including eos.
+    Seeded: the same call gives the same texts, in one process or sharded (`generate_batches`).
     """
     start = time.perf_counter()
-    jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
-    # Longest prompts first: similar lengths share a batch, and the slowest batch shows up early.
-    jobs.sort(key=lambda ij: -len(prompts[ij[0]]))
-    texts = [[""] * n for _ in prompts]
-    counts = [[0] * n for _ in prompts]
+    batches = plan_batches(prompts, n, batch_size)
+    opts = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, greedy=greedy, seed=seed)
+    generated = generate_batches(model, tokenizer, prompts, batches, desc=desc, **opts)
+    return assemble(len(prompts), n, generated, time.perf_counter() - start)
+
+
+def assemble(num_prompts: int, n: int, generated: Generated, seconds: float) -> Samples:
+    """Samples in the caller's order from (job, text, num_tokens) triples of any order."""
+    texts = [[""] * n for _ in range(num_prompts)]
+    counts = [[0] * n for _ in range(num_prompts)]
+    for (i, j), text, k in generated:
+        texts[i][j], counts[i][j] = text, k
+    return Samples(texts, counts, seconds)
+
+
+def generate_batches(
+    model,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Mapping[int, str] | Sequence[str],
+    batches: list[Batch],
+    *,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    greedy: bool,
+    seed: int,
+    desc: str | None = None,
+) -> Generated:
+    """Generate the given batches of a plan (all of it, or one shard); `prompts[i]` for each job's prompt i."""
+    if is_vllm(model):
+        jobs = [job for _, js in batches for job in js]
+        return _generate_vllm(model, prompts, jobs, temperature, top_p, max_new_tokens, greedy, seed)
+    return _generate_hf(model, tokenizer, prompts, batches, temperature, top_p, max_new_tokens, greedy, seed, desc)
+
+
+@torch.inference_mode()
+def _generate_hf(
+    model: PreTrainedModel, tokenizer, prompts, batches, temperature, top_p, max_new_tokens, greedy, seed, desc
+) -> Generated:
+    start = time.perf_counter()
+    out_rows: Generated = []
     was_training = model.training
     model.eval()
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    bar = tqdm(total=len(jobs), desc=desc or "sampling", unit="seq", disable=desc is None, leave=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for b in range(0, len(jobs), batch_size):
-            batch = jobs[b : b + batch_size]
-            enc = tokenizer(
-                [prompts[i] for i, _ in batch], return_tensors="pt", padding=True, padding_side="left"
-            ).to(model.device)
+    total = sum(len(js) for _, js in batches)
+    bar = tqdm(total=total, desc=desc or "sampling", unit="seq", disable=desc is None, leave=False)
+    for b, batch in batches:
+        enc = tokenizer(
+            [prompts[i] for i, _ in batch], return_tensors="pt", padding=True, padding_side="left"
+        ).to(model.device)
+        # The fork too under the lock: another thread restoring its forked state must not land between
+        # this seed and this generate.
+        with _RNG_LOCK, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(batch_seed(seed, b))
             out = model.generate(
                 **enc,
                 do_sample=not greedy,
                 temperature=temperature if not greedy else None,
                 top_p=top_p if not greedy else None,
-                top_k=None if not greedy else None,
+                top_k=None,
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos,
                 pad_token_id=pad,
             )
-            new = out[:, enc["input_ids"].shape[1] :]  # (b, T_new)
-            is_eos = new == eos
-            # Tokens up to and including the first eos; rows that never stop count every token.
-            first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, new.shape[1])
-            decoded = tokenizer.batch_decode(new, skip_special_tokens=True)
-            for (i, j), text, k in zip(batch, decoded, first_eos.tolist()):
-                texts[i][j], counts[i][j] = text, int(k)
-            bar.update(len(batch))
-            bar.set_postfix(seq_per_s=f"{bar.n / max(time.perf_counter() - start, 1e-9):.1f}")
+        new = out[:, enc["input_ids"].shape[1] :]  # (b, T_new)
+        is_eos = new == eos
+        # Tokens up to and including the first eos; rows that never stop count every token.
+        first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, new.shape[1])
+        decoded = tokenizer.batch_decode(new, skip_special_tokens=True)
+        out_rows += [(job, text, int(k)) for job, text, k in zip(batch, decoded, first_eos.tolist())]
+        bar.update(len(batch))
+        bar.set_postfix(seq_per_s=f"{bar.n / max(time.perf_counter() - start, 1e-9):.1f}")
     bar.close()
     model.train(was_training)
-    return Samples(texts, counts, time.perf_counter() - start)
+    return out_rows
+
+
+def _generate_vllm(llm, prompts, jobs: list[Job], temperature, top_p, max_new_tokens, greedy, seed) -> Generated:
+    """One vLLM request per job, each with its own seed (vLLM batches and schedules them itself).
+
+    Not run in this project's CI (no GPU, no vLLM): written against vLLM's `LLM.generate(prompts,
+    sampling_params=[SamplingParams, ...])`, one `RequestOutput` per prompt in order.
+    """
+    from vllm import SamplingParams
+
+    params = [
+        SamplingParams(
+            n=1,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            max_tokens=max_new_tokens,
+            seed=batch_seed(seed, i * 1_000_003 + j),  # the job's identity, not its place in a shard
+        )
+        for i, j in jobs
+    ]
+    outputs = llm.generate([prompts[i] for i, _ in jobs], params, use_tqdm=False)
+    # vLLM's token_ids include the eos token when generation stopped on it, like `num_tokens` here.
+    return [(job, o.outputs[0].text, len(o.outputs[0].token_ids)) for job, o in zip(jobs, outputs)]

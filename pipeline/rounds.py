@@ -96,13 +96,13 @@ def _reward_model(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: st
 
 
 def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
-    from models import load_policy
+    from pipeline.generation import load_sampling_model
     from pipeline.replay import read_shard
 
     e = cfg.eval
     problem_set = problem_set_from_config(cfg)
     problems = problem_set.test[: e.num_problems]
-    model, tokenizer = load_policy(manifest.output(r, "policy")["path"])
+    model, tokenizer = load_sampling_model(manifest.output(r, "policy")["path"], e.backend)
     ev = evaluate_policy(
         model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + r,

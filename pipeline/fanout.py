@@ -1,0 +1,118 @@
+"""Sampling spread over workers through a Prefect task runner: threads, or Ray with the `[ray]` extra.
+
+The one module of `pipeline/` that imports Prefect (lazily, and only when `workers > 1`): a shard of
+sampling work is a Prefect task, so a Ray cluster (or a thread pool) runs it and Prefect records it.
+A call's batch plan (`generation.plan_batches`) is cut into `workers` contiguous runs of whole batches;
+each batch keeps its global index, hence its seed, so the merged result equals one process's for the
+same seed. Each worker loads the policy from its path once and keeps it for the later calls.
+
+Threads share torch's RNG, so their generate calls take turns (`generation._RNG_LOCK`): the thread
+runner is for tests and for I/O-bound engines; Ray runs one process per worker, each with its own GPU
+when `gpus_per_worker` is 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pipeline.config import CollectConfig
+from pipeline.generation import Batch, Samples, assemble, generate_batches, load_sampling_model, plan_batches, sample
+
+# sampler(prompts, n, seed=..., desc=...) -> Samples: what the collection phase generates with.
+Sampler = Callable[..., Samples]
+
+
+def split_batches(batches: list[Batch], workers: int) -> list[list[Batch]]:
+    """`workers` contiguous runs of whole batches, sizes differing by at most one (empty runs dropped).
+
+    >>> [[b for b, _ in run] for run in split_batches([(b, []) for b in range(5)], 2)]
+    [[0, 1, 2], [3, 4]]
+    """
+    q, r = divmod(len(batches), workers)
+    runs, start = [], 0
+    for w in range(workers):
+        end = start + q + (w < r)
+        runs.append(batches[start:end])
+        start = end
+    return [run for run in runs if run]
+
+
+@functools.lru_cache(maxsize=1)
+def _worker_model(path: str, backend: str, stamp: int):
+    # One model per worker process (Ray reuses its workers across tasks; threads share this one); the
+    # checkpoint's mtime in the key, so a checkpoint rewritten in place is loaded again.
+    return load_sampling_model(path, backend)
+
+
+def generate_shard(
+    path: str, stamp: int, backend: str, prompts: dict[int, str], batches: list[Batch], opts: dict[str, Any]
+):
+    """Generate one shard of a batch plan with the policy at `path` (the body of the Prefect task)."""
+    model, tokenizer = _worker_model(path, backend, stamp)
+    return generate_batches(model, tokenizer, prompts, batches, **opts)
+
+
+def _task_runner(c: CollectConfig):
+    if c.task_runner == "ray":
+        from prefect_ray import RayTaskRunner  # the [ray] extra; the config refuses task_runner ray without it
+
+        return RayTaskRunner(address=c.ray_address, init_kwargs=dict(c.ray_init) or None)
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    return ThreadPoolTaskRunner(max_workers=c.workers)
+
+
+@contextlib.contextmanager
+def open_sampler(path: str, c: CollectConfig) -> Iterator[Sampler]:
+    """A sampler over the policy at `path` with `c`'s settings: in this process, or over `c.workers` workers.
+
+    The task runner (a Ray cluster, a thread pool) lives as long as the `with` block, so the phase's
+    sampling and MC rollout calls share it and its loaded models.
+    """
+    opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens)
+    if c.workers == 1:
+        model, tokenizer = load_sampling_model(path, c.backend)
+
+        def local(prompts: list[str], n: int, *, seed: int, greedy: bool = False, desc: str | None = None) -> Samples:
+            return sample(model, tokenizer, prompts, n, batch_size=c.batch_size, greedy=greedy, seed=seed, desc=desc, **opts)
+
+        yield local
+        return
+
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    shard_task = task(generate_shard, name="sample-shard", cache_policy=NO_CACHE, persist_result=False)
+    stamp = os.stat(path).st_mtime_ns
+    with _task_runner(c) as runner:
+
+        def sharded(prompts: list[str], n: int, *, seed: int, greedy: bool = False, desc: str | None = None) -> Samples:
+            start = time.perf_counter()
+            runs = split_batches(plan_batches(prompts, n, c.batch_size), c.workers)
+            futures = []
+            for run in runs:
+                needed = {i: prompts[i] for _, jobs in run for i, _ in jobs}
+                params = dict(path=str(path), stamp=stamp, backend=c.backend, prompts=needed, batches=run,
+                              opts=dict(opts, greedy=greedy, seed=seed))
+                futures.append(_submit(runner, shard_task, params, c))
+            generated = [row for f in futures for row in f.result()]
+            return assemble(len(prompts), n, generated, time.perf_counter() - start)
+
+        try:
+            yield sharded
+        finally:
+            _worker_model.cache_clear()  # the thread runner's models live in this process
+
+
+def _submit(runner, shard_task, params: dict[str, Any], c: CollectConfig):
+    if c.task_runner == "ray" and c.gpus_per_worker:
+        from prefect_ray.context import remote_options
+
+        with remote_options(num_gpus=c.gpus_per_worker):
+            return runner.submit(shard_task, params)
+    return runner.submit(shard_task, params)

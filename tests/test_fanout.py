@@ -1,0 +1,150 @@
+"""Sharded sampling and collection: the same texts and the same shard whatever the number of workers.
+
+Batch b of a call is generated under seed `batch_seed(seed, b)` over a batch plan of the whole call, so
+generating the plan's batches in any grouping, in threads or in Ray worker processes, gives what one
+process gives. The optional engines (vLLM, Ray) are one clear config error when asked for but absent.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import mini_config
+
+from pipeline.config import ConfigError, config_from_dict
+from pipeline.fanout import split_batches
+from pipeline.generation import assemble, batch_seed, generate_batches, plan_batches, sample
+from pipeline.replay import read_shard
+
+SIZES = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=128)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    from models import char_tokenizer, save_model, tiny_policy
+
+    tok = char_tokenizer()
+    path = tmp_path_factory.mktemp("fanout") / "policy"
+    save_model(tiny_policy(tok, **SIZES, seed=11), tok, path)
+    return path
+
+
+# --- the batch plan -------------------------------------------------------------------------------------
+
+
+def test_plan_covers_every_job_once_longest_prompts_first():
+    prompts = ["aa", "a", "aaaa", "aaa"]
+    batches = plan_batches(prompts, 3, 5)
+    jobs = [job for _, js in batches for job in js]
+    assert sorted(jobs) == [(i, j) for i in range(4) for j in range(3)]
+    # Prompt 2 (4 chars) first, then 3, 0, 1; a prompt's samples stay in order: (2,0), (2,1), (2,2), (3,0), ...
+    assert [i for i, _ in jobs] == [2] * 3 + [3] * 3 + [0] * 3 + [1] * 3
+    assert [b for b, _ in batches] == [0, 1, 2] and [len(js) for _, js in batches] == [5, 5, 2]
+
+
+def test_split_batches_is_contiguous_and_balanced():
+    batches = [(b, []) for b in range(7)]
+    runs = split_batches(batches, 3)
+    assert [[b for b, _ in run] for run in runs] == [[0, 1, 2], [3, 4], [5, 6]]
+    # More workers than batches: no empty shard.
+    assert len(split_batches(batches[:2], 4)) == 2
+
+
+def test_batch_seeds_are_distinct():
+    seeds = {batch_seed(s, b) for s in range(50) for b in range(500)}
+    assert len(seeds) == 50 * 500
+
+
+def test_sharded_generation_equals_one_call(policy_dir):
+    from models import load_policy
+
+    model, tok = load_policy(str(policy_dir))
+    prompts = ["1+2=", "10*3-4=", "7", "5+5+5+5=", "2*2="]
+    opts = dict(temperature=1.0, top_p=0.9, max_new_tokens=12, greedy=False, seed=5)
+    whole = sample(model, tok, prompts, 3, batch_size=4, **{k: v for k, v in opts.items() if k != "greedy"})
+    # The same plan generated shard by shard, the shards in reverse order, each with only its prompts.
+    rows = []
+    for run in reversed(split_batches(plan_batches(prompts, 3, 4), 3)):
+        needed = {i: prompts[i] for _, jobs in run for i, _ in jobs}
+        rows += generate_batches(model, tok, needed, run, **opts)
+    merged = assemble(len(prompts), 3, rows, 0.0)
+    assert merged.texts == whole.texts and merged.num_tokens == whole.num_tokens
+    # Sampling really happened: not every sample of a prompt is the same text.
+    assert any(len(set(t)) > 1 for t in whole.texts)
+    # Another seed gives other texts.
+    assert sample(model, tok, prompts, 3, batch_size=4, temperature=1.0, top_p=0.9, max_new_tokens=12, seed=6).texts != whole.texts
+
+
+# --- collection over workers ----------------------------------------------------------------------------
+
+
+def _collect(tmp_path, policy_dir, name: str, **collect) -> list[dict]:
+    from pipeline.collect import run_collection_phase
+    from pipeline.problems import problem_set_from_config
+
+    collect = {"prompts_per_round": 4, "samples_per_prompt": 2, "rollouts_per_step": 2, "max_new_tokens": 24,
+               "batch_size": 3, **collect}
+    cfg = config_from_dict(mini_config(tmp_path / name, collect=collect), check_trl=False)
+    res = run_collection_phase(cfg, problem_set_from_config(cfg), policy_dir, cfg.run_dir, 1)
+    assert res.metrics["collect/rollouts"] > 0  # the MC rollout stage was exercised, not only the samples
+    return read_shard(res.shard_path)
+
+
+@pytest.mark.parametrize("strategy", ["exhaustive", "first_error"])
+def test_two_thread_workers_write_the_single_worker_shard(prefect_harness, tmp_path, policy_dir, strategy):
+    one = _collect(tmp_path, policy_dir, "one", strategy=strategy)
+    two = _collect(tmp_path, policy_dir, "two", strategy=strategy, workers=2, task_runner="thread")
+    assert len(one) == 8 and two == one
+
+
+def test_two_ray_workers_write_the_single_worker_shard(prefect_harness, tmp_path, policy_dir, monkeypatch):
+    pytest.importorskip("prefect_ray")
+    import pipeline.fanout
+
+    loads = []
+    load = pipeline.fanout.load_sampling_model
+    monkeypatch.setattr(pipeline.fanout, "load_sampling_model", lambda *a: loads.append(a) or load(*a))
+    one = _collect(tmp_path, policy_dir, "one", strategy="first_error")
+    # A local Ray: 2 CPUs, a small object store, no dashboard (startup is the slow part on 2 cores).
+    ray_init = {"num_cpus": 2, "object_store_memory": 80 * 2**20, "include_dashboard": False}
+    two = _collect(tmp_path, policy_dir, "ray", strategy="first_error", workers=2, task_runner="ray", ray_init=ray_init)
+    assert two == one
+    # Only the single-worker run loaded the policy in this process: Ray's workers loaded their own.
+    assert len(loads) == 1
+
+
+# --- optional engines: one clear error when absent --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sections, fields",
+    [
+        ({"collect": {"backend": "vllm"}}, "collect.backend"),
+        ({"eval": {"backend": "vllm"}}, "eval.backend"),
+        ({"grpo": {"use_vllm": True, "vllm_mode": "colocate"}}, "grpo.use_vllm"),
+        ({"collect": {"backend": "vllm"}, "grpo": {"use_vllm": True}}, "collect.backend, grpo.use_vllm"),
+    ],
+)
+def test_vllm_without_the_extra_is_one_clear_error(monkeypatch, sections, fields):
+    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "vllm")
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(sections)
+    msg = str(e.value)
+    assert msg.startswith(f"{fields}: needs the [vllm] extra") and "pip install 'iterative-grpo[vllm]'" in msg
+    assert len(msg.splitlines()) == 1
+
+
+def test_ray_without_the_extra_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "prefect_ray")
+    with pytest.raises(ConfigError, match=r"collect.task_runner: needs the \[ray\] extra.*iterative-grpo\[ray\]"):
+        config_from_dict({"collect": {"workers": 2, "task_runner": "ray"}})
+    # One worker never starts a task runner, so it needs no extra.
+    config_from_dict({"collect": {"workers": 1, "task_runner": "ray"}}, check_trl=False)
+
+
+def test_engines_pass_when_installed(monkeypatch):
+    monkeypatch.setattr("pipeline.config._installed", lambda module: True)
+    cfg = config_from_dict({"collect": {"backend": "vllm"}, "eval": {"backend": "vllm"},
+                            "grpo": {"use_vllm": True, "vllm_mode": "colocate"}})
+    assert cfg.collect.backend == cfg.eval.backend == "vllm"
+    with pytest.raises(ConfigError, match="collect.backend"):
+        config_from_dict({"collect": {"backend": "sglang"}})
