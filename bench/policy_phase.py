@@ -1,7 +1,9 @@
 """Time a GRPO step: (a) bare TRL GRPOTrainer + verifier, (b) ours in outcome mode, (c) ours in process mode.
 
-Same tiny bootstrapped policy, same GRPOConfig, same prompts. Prints the median step time of each and
+Same bootstrapped policy, same GRPOConfig, same prompts. Prints the median step time of each and
 the ratios (goals: b/a <= 1.05, c/a <= 1.3).   Run: python bench/policy_phase.py [--steps 12]
+Another config (a real model, on a GPU when there is one) and TRL's vLLM generation beside HF generate:
+  python bench/policy_phase.py --config configs/smollm2-gsm8k.yaml --set grpo.max_completion_length=128 --vllm
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from trl import GRPOTrainer
 
 from models import reward_model_from_policy, save_model
 from models.factories import load_tokenizer
-from pipeline.config import grpo_config
+from pipeline.config import grpo_config, load_config
 from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, round_prompts
 from pipeline.problems import problem_set_from_config
 from pipeline.rewards import PrmScorer, verifier_reward
@@ -37,11 +39,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--config", help="run config (default: configs/quickstart.yaml)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    ap.add_argument("--vllm", action="store_true", help="also bare TRL with grpo.use_vllm (colocate); needs vllm")
     a = ap.parse_args()
-    cfg = quickstart()
+    cfg = load_config(a.config, a.set) if a.config else quickstart(a.set)
     ps = problem_set_from_config(cfg)
     policy = bootstrapped_policy(cfg)
-    prm_path = CACHE / "prm-untrained"
+    prm_path = CACHE / f"prm-untrained-{policy.name}"
     if not (prm_path / "igrpo.json").exists():
         save_model(*reward_model_from_policy(str(policy), "prm"), prm_path)
     data = round_prompts(ps, 10_000, cfg.run.seed, 1)
@@ -50,8 +55,12 @@ def main() -> None:
 
     def run(kind: str) -> float:
         timer = StepTimer()
-        if kind == "bare":
-            trainer = GRPOTrainer(model=str(policy), reward_funcs=[verifier_reward(ps)], args=args,
+        if kind in ("bare", "bare-vllm"):
+            run_args = args
+            if kind == "bare-vllm":
+                run_args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=a.steps + a.warmup, logging_steps=1000,
+                                       use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+            trainer = GRPOTrainer(model=str(policy), reward_funcs=[verifier_reward(ps)], args=run_args,
                                   train_dataset=data, processing_class=tok, callbacks=[timer])
         else:
             mode = "outcome" if kind == "outcome" else "process"
@@ -61,6 +70,7 @@ def main() -> None:
                 from models import load_reward_model
 
                 m, t, _ = load_reward_model(prm_path, expect="prm")
+                m = m.to(args.device)  # beside the policy (a GPU when there is one)
                 prm = PrmScorer(m, t, batch_size=cfg.collect.batch_size)
             trainer = ProcessGRPOTrainer(model=str(policy), reward_funcs=funcs, args=args, train_dataset=data,
                                          processing_class=tok, callbacks=[timer], prm_scorer=prm, supervision=mode)
@@ -68,7 +78,8 @@ def main() -> None:
         return statistics.median(timer.times[a.warmup:])
 
     results = {}
-    for kind in ("bare", "outcome", "process", "bare"):  # bare twice: first and last, to see drift
+    kinds = ["bare", "outcome", "process", "bare"]  # bare twice: first and last, to see drift
+    for kind in kinds + ["bare-vllm"] * a.vllm:
         t = run(kind)
         results.setdefault(kind, []).append(t)
         print(f"{kind:<8} median step {t * 1000:8.1f} ms", flush=True)
@@ -77,6 +88,10 @@ def main() -> None:
     print(f"(a) bare TRL GRPOTrainer + verifier : {bare * 1000:8.1f} ms/step")
     print(f"(b) ours, outcome mode              : {results['outcome'][0] * 1000:8.1f} ms/step   b/a = {results['outcome'][0] / bare:.3f}  (goal <= 1.05)")
     print(f"(c) ours, process mode (PRM)        : {results['process'][0] * 1000:8.1f} ms/step   c/a = {results['process'][0] / bare:.3f}  (goal <= 1.30)")
+    if a.vllm:
+        v = results["bare-vllm"][0]
+        print(f"(d) bare TRL, vLLM colocate         : {v * 1000:8.1f} ms/step   a/d = {bare / v:.3f}  (HF generate / vLLM)")
+    print(f"device: {args.device}, model: {cfg.policy.model}, completions up to {args.max_completion_length} tokens")
 
 
 if __name__ == "__main__":

@@ -110,11 +110,21 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
 
 
+def _dequantized(model: PreTrainedModel) -> PreTrainedModel:
+    """A model loaded from GGUF holds plain dequantised weights, but transformers keeps its GGUF quantizer
+    attached and then refuses `save_pretrained`: drop the marker so it saves as an ordinary checkpoint."""
+    if getattr(model, "hf_quantizer", None) is not None and type(model.hf_quantizer).__name__ == "GgufHfQuantizer":
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    return model
+
+
 def load_policy(spec: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a spec (see the module docstring)."""
     path, gguf = resolve_spec(spec)
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
-    model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=dtype)
+    model = _dequantized(AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=dtype))
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
@@ -129,7 +139,7 @@ def reward_model_from_policy(spec: str, kind: str) -> tuple[PreTrainedModel, Pre
         raise ValueError(f"reward model kind must be one of {sorted(RM_KINDS)}, got {kind!r}")
     path, gguf = resolve_spec(spec)
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
-    model = RM_KINDS[kind].from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32)
+    model = _dequantized(RM_KINDS[kind].from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32))
     model.config.pad_token_id = tokenizer.pad_token_id  # sequence classification reads the last non-pad token
     return model, tokenizer
 

@@ -45,7 +45,7 @@ def cmd_eval(args) -> None:
     cfg = _config(args)
     e = cfg.eval
     ps = problem_set_from_config(cfg)
-    model, tok = load_sampling_model(args.policy, e.backend)
+    model, tok = load_sampling_model(args.policy, e.backend, e.vllm_args)
     ev = evaluate_policy(model, tok, ps, ps.test[: e.num_problems], n=e.samples_per_problem,
                          temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens,
                          batch_size=e.batch_size, seed=cfg.run.seed)

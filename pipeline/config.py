@@ -146,9 +146,12 @@ class SamplingConfig(Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     max_new_tokens: int = Field(64, ge=1, description="Longest completion in tokens.")
-    batch_size: int = Field(64, ge=1, description="Sequences per generate call (HF); the unit of sharding and seeding.")
+    batch_size: int = Field(64, ge=1, description="Sequences per generate call (HF); each batch has its own seed, and collection shards whole batches.")
     backend: Literal["hf", "vllm"] = Field(
         "hf", description="Generation engine: HF generate, or vLLM (needs `pip install 'iterative-grpo[vllm]'` and a GPU)."
+    )
+    vllm_args: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to vllm.LLM when backend is vllm (gpu_memory_utilization, dtype...)."
     )
 
 

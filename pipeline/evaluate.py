@@ -269,7 +269,10 @@ def evaluate_policy(
     batch_size: int = 64,
     seed: int = 0,
 ) -> PolicyEval:
-    """Greedy accuracy, and Pass@K / Maj@K for K in 1, 2, 4, ... <= n from n samples per problem."""
+    """Greedy accuracy, and Pass@K / Maj@K for K in 1, 2, 4, ... <= n from n samples per problem.
+
+    `model` is an HF causal LM or a `vllm.LLM` (`generation.load_sampling_model` with `eval.backend`).
+    """
     from pipeline.generation import sample
 
     prompts = [p.prompt for p in problems]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -43,17 +44,18 @@ def split_batches(batches: list[Batch], workers: int) -> list[list[Batch]]:
 
 
 @functools.lru_cache(maxsize=1)
-def _worker_model(path: str, backend: str, stamp: int):
+def _worker_model(path: str, backend: str, vllm_args: str, stamp: int):
     # One model per worker process (Ray reuses its workers across tasks; threads share this one); the
     # checkpoint's mtime in the key, so a checkpoint rewritten in place is loaded again.
-    return load_sampling_model(path, backend)
+    return load_sampling_model(path, backend, json.loads(vllm_args))
 
 
 def generate_shard(
-    path: str, stamp: int, backend: str, prompts: dict[int, str], batches: list[Batch], opts: dict[str, Any]
+    path: str, stamp: int, backend: str, vllm_args: dict[str, Any], prompts: dict[int, str], batches: list[Batch],
+    opts: dict[str, Any],
 ):
     """Generate one shard of a batch plan with the policy at `path` (the body of the Prefect task)."""
-    model, tokenizer = _worker_model(path, backend, stamp)
+    model, tokenizer = _worker_model(path, backend, json.dumps(vllm_args, sort_keys=True), stamp)
     return generate_batches(model, tokenizer, prompts, batches, **opts)
 
 
@@ -76,7 +78,7 @@ def open_sampler(path: str, c: CollectConfig) -> Iterator[Sampler]:
     """
     opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens)
     if c.workers == 1:
-        model, tokenizer = load_sampling_model(path, c.backend)
+        model, tokenizer = load_sampling_model(path, c.backend, c.vllm_args)
 
         def local(prompts: list[str], n: int, *, seed: int, greedy: bool = False, desc: str | None = None) -> Samples:
             return sample(model, tokenizer, prompts, n, batch_size=c.batch_size, greedy=greedy, seed=seed, desc=desc, **opts)
@@ -97,8 +99,8 @@ def open_sampler(path: str, c: CollectConfig) -> Iterator[Sampler]:
             futures = []
             for run in runs:
                 needed = {i: prompts[i] for _, jobs in run for i, _ in jobs}
-                params = dict(path=str(path), stamp=stamp, backend=c.backend, prompts=needed, batches=run,
-                              opts=dict(opts, greedy=greedy, seed=seed))
+                params = dict(path=str(path), stamp=stamp, backend=c.backend, vllm_args=c.vllm_args, prompts=needed,
+                              batches=run, opts=dict(opts, greedy=greedy, seed=seed))
                 futures.append(_submit(runner, shard_task, params, c))
             generated = [row for f in futures for row in f.result()]
             return assemble(len(prompts), n, generated, time.perf_counter() - start)

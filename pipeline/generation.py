@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -64,16 +65,21 @@ def is_vllm(model) -> bool:
     return type(model).__module__.startswith("vllm")
 
 
-def load_sampling_model(path: str, backend: str = "hf"):
-    """(model, tokenizer) for `sample`: an HF causal LM, or a `vllm.LLM` on the checkpoint directory."""
+def load_sampling_model(path: str, backend: str = "hf", vllm_args: Mapping[str, Any] | None = None):
+    """(model, tokenizer) for `sample`: an HF causal LM, or a `vllm.LLM` on the checkpoint directory.
+
+    `vllm_args` go to `vllm.LLM` (e.g. `gpu_memory_utilization`: vLLM reserves 0.9 of the GPU by default,
+    which leaves no room for a reward model scored in the same process afterwards).
+    """
     if backend == "vllm":
         from vllm import LLM  # the [vllm] extra; the config refuses backend vllm without it
 
-        llm = LLM(model=str(path))  # every request carries its own seed
+        llm = LLM(model=str(path), **dict(vllm_args or {}))  # every request carries its own seed
         return llm, llm.get_tokenizer()
     from models import load_policy
 
-    return load_policy(str(path))
+    model, tokenizer = load_policy(str(path))
+    return (model.to("cuda") if torch.cuda.is_available() else model), tokenizer  # Ray: the worker's own GPU
 
 
 def sample(

@@ -102,7 +102,7 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     e = cfg.eval
     problem_set = problem_set_from_config(cfg)
     problems = problem_set.test[: e.num_problems]
-    model, tokenizer = load_sampling_model(manifest.output(r, "policy")["path"], e.backend)
+    model, tokenizer = load_sampling_model(manifest.output(r, "policy")["path"], e.backend, e.vllm_args)
     ev = evaluate_policy(
         model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + r,

@@ -2,7 +2,7 @@
 
 Batch b of a call is generated under seed `batch_seed(seed, b)` over a batch plan of the whole call, so
 generating the plan's batches in any grouping, in threads or in Ray worker processes, gives what one
-process gives. The optional engines (vLLM, Ray) are one clear config error when asked for but absent.
+process gives.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import mini_config
 
-from pipeline.config import ConfigError, config_from_dict
+from pipeline.config import config_from_dict
 from pipeline.fanout import split_batches
 from pipeline.generation import assemble, batch_seed, generate_batches, plan_batches, sample
 from pipeline.replay import read_shard
@@ -110,41 +110,3 @@ def test_two_ray_workers_write_the_single_worker_shard(prefect_harness, tmp_path
     assert two == one
     # Only the single-worker run loaded the policy in this process: Ray's workers loaded their own.
     assert len(loads) == 1
-
-
-# --- optional engines: one clear error when absent --------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "sections, fields",
-    [
-        ({"collect": {"backend": "vllm"}}, "collect.backend"),
-        ({"eval": {"backend": "vllm"}}, "eval.backend"),
-        ({"grpo": {"use_vllm": True, "vllm_mode": "colocate"}}, "grpo.use_vllm"),
-        ({"collect": {"backend": "vllm"}, "grpo": {"use_vllm": True}}, "collect.backend, grpo.use_vllm"),
-    ],
-)
-def test_vllm_without_the_extra_is_one_clear_error(monkeypatch, sections, fields):
-    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "vllm")
-    with pytest.raises(ConfigError) as e:
-        config_from_dict(sections)
-    msg = str(e.value)
-    assert msg.startswith(f"{fields}: needs the [vllm] extra") and "pip install 'iterative-grpo[vllm]'" in msg
-    assert len(msg.splitlines()) == 1
-
-
-def test_ray_without_the_extra_is_one_clear_error(monkeypatch):
-    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "prefect_ray")
-    with pytest.raises(ConfigError, match=r"collect.task_runner: needs the \[ray\] extra.*iterative-grpo\[ray\]"):
-        config_from_dict({"collect": {"workers": 2, "task_runner": "ray"}})
-    # One worker never starts a task runner, so it needs no extra.
-    config_from_dict({"collect": {"workers": 1, "task_runner": "ray"}}, check_trl=False)
-
-
-def test_engines_pass_when_installed(monkeypatch):
-    monkeypatch.setattr("pipeline.config._installed", lambda module: True)
-    cfg = config_from_dict({"collect": {"backend": "vllm"}, "eval": {"backend": "vllm"},
-                            "grpo": {"use_vllm": True, "vllm_mode": "colocate"}})
-    assert cfg.collect.backend == cfg.eval.backend == "vllm"
-    with pytest.raises(ConfigError, match="collect.backend"):
-        config_from_dict({"collect": {"backend": "sglang"}})
