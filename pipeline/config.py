@@ -93,6 +93,9 @@ class ArithmeticConfig(Section):
     operand_range: tuple[int, int] = Field((1, 9), description="Range of the operands, inclusive.")
     operators: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1, description="Operators used.")
     max_value: int = Field(99, ge=1, description="Every intermediate value stays in [0, max_value].")
+    sft_noise: float = Field(0.0, ge=0, le=1, description=(
+        "Share of SFT solutions whose Answer line copies the first step's result: imperfect SFT data, "
+        "a habit RL can unlearn (answers, step labels and tests unaffected)."))
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -461,3 +464,31 @@ def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
         elif va != vb:
             out.append(f"{key}: {va!r} -> {vb!r}")
     return out
+
+
+def config_reference() -> str:
+    """The README's config reference: one table per section, from the fields' defaults and descriptions.
+
+    Regenerate after changing a field: ``python -c "from pipeline.config import config_reference as r; print(r())"``
+    (tests/test_config.py checks the README holds exactly this text).
+    """
+
+    def rows(model: type[BaseModel], prefix: str) -> list[str]:
+        out = []
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, Section):
+                out += rows(ann, f"{prefix}{name}.")
+            else:
+                default = f.get_default(call_default_factory=True)
+                out.append(f"| `{prefix}{name}` | `{default}` | {f.description or ''} |")
+        return out
+
+    parts: list[str] = []
+    for name, f in PipelineConfig.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, Section):
+            parts += ["", f"**`{name}:`** ", "", "| field | default | meaning |", "|---|---|---|", *rows(ann, f"{name}.")]
+        else:  # a pass-through dict: a row under the section before it
+            parts.append(f"| `{name}` | `{f.get_default(call_default_factory=True)}` | {f.description or ''} |")
+    return "\n".join(parts[1:]) + "\n"

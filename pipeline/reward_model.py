@@ -1,6 +1,7 @@
 """The reward-model phase: ORM and PRM retraining each round, warm-started, on the new shard plus replay.
 
-- ORM: sequence classification, one logit, binary cross-entropy on the verifier's outcome labels.
+- ORM: sequence classification, one logit, binary cross-entropy on the verifier's outcome labels; or
+  pairwise (Bradley-Terry, TRL's `RewardTrainer`) on correct/incorrect completions of one prompt.
 - PRM: token classification, one logit, binary cross-entropy only at step ends (Math-Shepherd's format,
   the step's closing newline standing in for the tag token), target HE or SE.
 Both train with transformers' Trainer; round 0 starts from the policy's backbone with a new head, later
@@ -82,6 +83,23 @@ def orm_examples(rows: list[dict], tokenizer) -> list[dict]:
     ]
 
 
+def orm_pairs(rows: list[dict], tokenizer) -> list[dict]:
+    """Every (correct, incorrect) pair of completions of one prompt from one round, as TRL's tokenized columns.
+
+    Tokenized like `orm_examples` (no eos appended), so pairwise and BCE ORMs score the same text.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["round"], r["prompt_id"]), []).append(r)
+    ids = lambda r: tokenizer(r["prompt"] + r["completion"])["input_ids"]  # noqa: E731
+    return [
+        {"chosen_ids": ids(good), "rejected_ids": ids(bad)}
+        for group in groups.values()
+        for good in group if good["outcome"]
+        for bad in group if not bad["outcome"]
+    ]
+
+
 def collate(pad_id: int):
     """Right-pad input ids; token labels pad with -100 (ignored), scalar labels stay (B,)."""
 
@@ -129,13 +147,24 @@ def train_reward_model(
     report_to: str = "none",
     callbacks=None,
 ) -> Path:
-    """Train one RM (`kind` 'orm' or 'prm') on `rows` from `init` (a previous RM if `warm`, else the policy)."""
+    """Train one RM (`kind` 'orm' or 'prm') on `rows` from `init` (a previous RM if `warm`, else the policy).
+
+    A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
+    transformers' Trainer and `bce_loss`.
+    """
     if warm:
         model, tokenizer, _ = load_reward_model(init, expect=kind)
     else:
         torch.manual_seed(cfg.run.seed)  # the new head's init: the same on a resumed run
         model, tokenizer = reward_model_from_policy(str(init), kind)
-    examples = prm_examples(rows, tokenizer, cfg.reward_model.target) if kind == "prm" else orm_examples(rows, tokenizer)
+    pairwise = kind == "orm" and cfg.reward_model.orm_loss == "pairwise"
+    if pairwise:
+        examples = orm_pairs(rows, tokenizer)
+        if not examples:
+            raise ValueError("reward_model.orm_loss=pairwise: no prompt has both a correct and an incorrect "
+                             "completion in the training rows; use orm_loss: bce or sample more per prompt")
+    else:
+        examples = prm_examples(rows, tokenizer, cfg.reward_model.target) if kind == "prm" else orm_examples(rows, tokenizer)
     if not examples:
         raise ValueError(f"no {kind.upper()} training examples: the shard has no completion with a step")
     if cfg.reward_model.lora:
@@ -146,11 +175,18 @@ def train_reward_model(
                 "run_name": f"{kind}-training", **device_defaults()}
     # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.
     scratch = Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
-    args = TrainingArguments(output_dir=str(scratch), **{**defaults, **cfg.reward_model.train_args})
-    trainer = Trainer(
-        model=model, args=args, train_dataset=Dataset.from_list(examples),
-        data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
-    )
+    if pairwise:
+        from trl import RewardConfig, RewardTrainer
+
+        args = RewardConfig(output_dir=str(scratch), max_length=None, **{**defaults, **cfg.reward_model.train_args})
+        trainer = RewardTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
+                                processing_class=tokenizer, callbacks=callbacks)
+    else:
+        args = TrainingArguments(output_dir=str(scratch), **{**defaults, **cfg.reward_model.train_args})
+        trainer = Trainer(
+            model=model, args=args, train_dataset=Dataset.from_list(examples),
+            data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
+        )
     try:
         trainer.train()
     finally:

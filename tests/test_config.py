@@ -224,3 +224,13 @@ def test_config_diff_of_real_configs_after_an_override():
     base = config_from_dict({}, check_trl=False).model_dump()
     changed = config_from_dict({}, ["run.seed=3", "collect.rollouts_per_step=8"], check_trl=False).model_dump()
     assert config_diff(base, changed) == ["collect.rollouts_per_step: 4 -> 8", "run.seed: 0 -> 3"]
+
+
+def test_readme_config_reference_is_the_generated_one():
+    # Every field is documented where users look: regenerate with pipeline.config.config_reference().
+    from pathlib import Path
+
+    from pipeline.config import config_reference
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert config_reference() in readme

@@ -389,3 +389,20 @@ def test_load_problem_set_errors():
         load_problem_set("math")
     with pytest.raises(ValueError, match="test_path"):
         load_problem_set("gsm8k", train_path=GSM8K_DIR / "train.jsonl")
+
+
+def test_sft_noise_slips_an_exact_share_of_sft_solutions_and_nothing_else():
+    clean = EmbeddedArithmetic(seed=3, num_train=200, num_test=20)
+    noisy = EmbeddedArithmetic(seed=3, num_train=200, num_test=20, sft_noise=0.25)
+    assert noisy.test == clean.test
+    assert [(p.id, p.prompt, p.answer) for p in noisy.train] == [(p.id, p.prompt, p.answer) for p in clean.train]
+    slipped = [(c, n) for c, n in zip(clean.train, noisy.train) if c.solution != n.solution]
+    assert len(slipped) == 50
+    for c, n in slipped:
+        # Same steps; the Answer line states the first step's result, so the verifier rejects it.
+        assert n.solution.split("\n")[:-1] == c.solution.split("\n")[:-1]
+        assert n.solution.split("\n")[-1] == "Answer: " + c.solution.split("\n")[0].split("=")[1]
+        assert not noisy.is_correct(n.solution, n)
+    assert EmbeddedArithmetic(seed=3, num_train=200, num_test=20, sft_noise=0.25).train == noisy.train
+    with pytest.raises(ValueError, match="sft_noise"):
+        EmbeddedArithmetic(num_train=2, num_test=1, sft_noise=1.5)

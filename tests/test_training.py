@@ -139,6 +139,20 @@ def test_prm_trained_on_gold_labels_separates_steps(setup):
     assert metrics["prm/step_auc_gold"] >= 0.65, metrics
 
 
+def test_pairwise_orm_with_trl_reward_trainer_ranks_correct_above_wrong(setup):
+    cfg, ps, policy, tmp = setup
+    data = cfg.model_dump(mode="json")
+    data["reward_model"] = {**data["reward_model"], "orm_loss": "pairwise", "train_args": {
+        "learning_rate": 1e-3, "num_train_epochs": 3, "per_device_train_batch_size": 16, "lr_scheduler_type": "cosine"}}
+    cfg = config_from_dict(data)
+    train, held = corrupted_rows(ps, ps.train[:1000], 0), corrupted_rows(ps, ps.test[:40], 1)
+    path = train_reward_model(cfg, "orm", train, policy, tmp / "orm-pairwise", warm=False)
+    model, _, _ = load_reward_model(path, expect="orm")  # saved as an ordinary ORM checkpoint
+    metrics = evaluate_reward_model(path, "orm", held)
+    # Chance is 0.5: each held-out prompt has its gold solution and a copy with one result nudged.
+    assert metrics["orm/auc"] >= 0.6, metrics
+
+
 class FirstWeights(TrainerCallback):
     def __init__(self):
         self.weights = None

@@ -49,7 +49,7 @@ def problem_set_from_config(cfg) -> ProblemSet:
         return EmbeddedArithmetic(
             seed=cfg.run.seed, num_train=a.num_train, num_test=a.num_test, min_steps=a.min_steps,
             max_steps=a.max_steps, start_range=tuple(a.start_range), operand_range=tuple(a.operand_range),
-            operators=tuple(a.operators), max_value=a.max_value,
+            operators=tuple(a.operators), max_value=a.max_value, sft_noise=a.sft_noise,
         )
     g = p.gsm8k
     if g.hub_name:

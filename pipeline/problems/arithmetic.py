@@ -14,6 +14,7 @@ every step can be checked exactly, which gives gold process labels to measure PR
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections.abc import Sequence
@@ -97,6 +98,19 @@ def format_solution(start: int, ops: Sequence[Operation]) -> str:
     lines = [f"{values[k]}{op}{b}={values[k + 1]}" for k, (op, b) in enumerate(ops)]
     lines.append(f"Answer: {values[-1]}")
     return "\n".join(lines)
+
+
+def answer_slip(solution: str) -> str:
+    """A solution whose Answer line states the first step's result (a copying slip; the steps stay right).
+
+    >>> print(answer_slip("7+5=12\\n12*3=36\\nAnswer: 36"))
+    7+5=12
+    12*3=36
+    Answer: 12
+    """
+    lines = solution.split("\n")
+    first = lines[0].split("=")[-1]
+    return "\n".join(lines[:-1] + [f"Answer: {first}"])
 
 
 def parse_int_answer(value: str | None) -> int | None:
@@ -235,6 +249,10 @@ class EmbeddedArithmetic(ProblemSet):
         operand_range: Inclusive range of right operands, >= 0.
         operators: Operators to draw from, a subset of ``("+", "-", "*")``.
         max_value: Every intermediate value stays within [0, max_value].
+        sft_noise: Share of the training problems whose `solution` (the SFT target, nothing else) ends
+            with a slip: the ``Answer:`` line states the FIRST step's result instead of the last. It stands
+            for imperfect SFT data: a habit the bootstrapped policy learns and RL can unlearn. Answers,
+            step labels and the test set are unaffected.
 
     Raises:
         ValueError: naming the argument, for a bad value or when the ranges cannot give
@@ -256,8 +274,11 @@ class EmbeddedArithmetic(ProblemSet):
         operand_range: tuple[int, int] = (1, 9),
         operators: Sequence[str] = ("+", "-", "*"),
         max_value: int = 99,
+        sft_noise: float = 0.0,
     ) -> None:
         _check_count("num_train", num_train, 0)
+        if not 0 <= sft_noise <= 1:
+            raise ValueError(f"sft_noise must be between 0 and 1, got {sft_noise!r}")
         _check_count("num_test", num_test, 0)
         _check_count("min_steps", min_steps, 1)
         _check_count("max_steps", max_steps, 1)
@@ -286,6 +307,14 @@ class EmbeddedArithmetic(ProblemSet):
         chains = self._distinct_chains(random.Random(seed), num_test + num_train)
         self.test = [self._problem("test", i, *chain) for i, chain in enumerate(chains[:num_test])]
         self.train = [self._problem("train", i, *chain) for i, chain in enumerate(chains[num_test:])]
+        if sft_noise > 0:
+            # Its own generator: the problems are the same with and without noise.
+            # Only where the first result differs from the answer, so every slip is a wrong answer.
+            eligible = [i for i, p in enumerate(self.train) if answer_slip(p.solution) != p.solution]
+            count = min(round(sft_noise * len(self.train)), len(eligible))
+            noisy = random.Random(seed + 1).sample(eligible, count)
+            for i in noisy:
+                self.train[i] = dataclasses.replace(self.train[i], solution=answer_slip(self.train[i].solution))
 
     def _distinct_chains(self, rng: random.Random, count: int) -> list[tuple[int, list[Operation]]]:
         """`count` chains with distinct prompts, in draw order."""

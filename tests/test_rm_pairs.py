@@ -1,0 +1,37 @@
+"""Pairs for the pairwise (Bradley-Terry) ORM: every correct/incorrect pair of one prompt in one round."""
+
+from __future__ import annotations
+
+import pytest
+
+from models import save_model, tiny_policy
+from models.tokenizer import char_tokenizer
+from pipeline.config import config_from_dict
+from pipeline.reward_model import orm_pairs, train_reward_model
+
+
+def row(round_, prompt_id, completion, outcome):
+    return {"round": round_, "prompt_id": prompt_id, "prompt": f"Q{prompt_id}\n", "completion": completion,
+            "outcome": outcome}
+
+
+def test_pairs_are_correct_against_incorrect_within_a_prompt_and_round():
+    tok = char_tokenizer()
+    rows = [row(0, "a", "1", 1), row(0, "a", "2", 0), row(0, "a", "3", 0),  # 1 x 2 pairs
+            row(0, "b", "4", 1), row(0, "b", "5", 1),                        # no wrong one: no pair
+            row(1, "a", "6", 0),                                             # other round: no pair with round 0
+            row(1, "c", "7", 1), row(1, "c", "8", 0)]                        # 1 pair
+    pairs = orm_pairs(rows, tok)
+    decoded = [(tok.decode(p["chosen_ids"]), tok.decode(p["rejected_ids"])) for p in pairs]
+    assert decoded == [("Qa\n1", "Qa\n2"), ("Qa\n1", "Qa\n3"), ("Qc\n7", "Qc\n8")]
+
+
+def test_pairwise_orm_without_any_pair_is_a_clear_error(tmp_path):
+    cfg = config_from_dict({"reward_model": {"orm_loss": "pairwise"}}, check_trl=False)
+    tok = char_tokenizer()
+    policy = save_model(tiny_policy(tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32), tok,
+                        tmp_path / "policy")
+    rows = [row(0, "a", "1", 1), row(0, "b", "2", 0)]
+    with pytest.raises(ValueError, match="orm_loss=pairwise: no prompt has both"):
+        train_reward_model(cfg, "orm", rows, policy, tmp_path / "orm", warm=False)
+    assert not (tmp_path / "orm").exists()
