@@ -17,6 +17,7 @@ import contextlib
 import functools
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,6 +27,8 @@ from pipeline.generation import Batch, Samples, assemble, generate_batches, load
 
 # sampler(prompts, n, seed=..., desc=...) -> Samples: what the collection phase generates with.
 Sampler = Callable[..., Samples]
+
+_LOAD_LOCK = threading.Lock()
 
 
 def split_batches(batches: list[Batch], workers: int) -> list[list[Batch]]:
@@ -44,10 +47,17 @@ def split_batches(batches: list[Batch], workers: int) -> list[list[Batch]]:
 
 
 @functools.lru_cache(maxsize=1)
+def _cached_model(path: str, backend: str, vllm_args: str, stamp: int):
+    return load_sampling_model(path, backend, json.loads(vllm_args))
+
+
 def _worker_model(path: str, backend: str, vllm_args: str, stamp: int):
     # One model per worker process (Ray reuses its workers across tasks; threads share this one); the
-    # checkpoint's mtime in the key, so a checkpoint rewritten in place is loaded again.
-    return load_sampling_model(path, backend, json.loads(vllm_args))
+    # checkpoint's mtime in the key, so a checkpoint rewritten in place is loaded again. One load at a
+    # time: transformers patches torch globals while it builds a model, and two threads loading at once
+    # leave broken weights (NaN probabilities) behind.
+    with _LOAD_LOCK:
+        return _cached_model(path, backend, vllm_args, stamp)
 
 
 def generate_shard(
@@ -108,7 +118,7 @@ def open_sampler(path: str, c: CollectConfig) -> Iterator[Sampler]:
         try:
             yield sharded
         finally:
-            _worker_model.cache_clear()  # the thread runner's models live in this process
+            _cached_model.cache_clear()  # the thread runner's models live in this process
 
 
 def _submit(runner, shard_task, params: dict[str, Any], c: CollectConfig):
