@@ -1,4 +1,4 @@
-"""GRPO advantages: outcome supervision (one scalar per completion) and process supervision (per step).
+"""GRPO advantages: outcome supervision (one scalar per completion), process supervision (per step), Online RFT.
 
 Both follow DeepSeekMath (arXiv 2402.03300) §4.1.2 and §4.1.3, with TRL's numerical conventions so that
 outcome advantages computed here equal the ones `GRPOTrainer` computes itself:
@@ -82,6 +82,31 @@ def outcome_advantages(rewards: Tensor, group_size: int, scale: str = "group") -
     else:
         std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())  # () broadcast over (B,)
     return centred / (std + STD_EPS)  # (B,)
+
+
+def rft_advantages(rewards: Tensor) -> Tensor:
+    """Online RFT's gradient coefficient (DeepSeekMath §5.2.1, `GC_RFT = I(o)`): 1 for a correct completion, else 0.
+
+    No group baseline and no scaling: a wrong completion gets no gradient (never a negative one) and a group
+    that is all correct still reinforces every completion, where GRPO's group-normalised advantages give 0.
+    Worked example: verifier rewards [1, 0, 1, 1] -> [1, 0, 1, 1] (GRPO, group of 4: [0.433, -1.299, 0.433, 0.433]).
+
+    Args:
+        rewards: (B,) verifier rewards, each exactly 0 or 1.
+
+    Returns:
+        (B,) float32 advantages, the same value for every token of a completion.
+
+    Raises:
+        ValueError: `rewards` not 1-D, or a value other than 0 or 1 (the message names its row).
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must have shape (B,), got {tuple(rewards.shape)}")
+    bad = ((rewards != 0) & (rewards != 1)).nonzero().flatten()
+    if bad.numel():
+        row = int(bad[0])
+        raise ValueError(f"reward of row {row} is {rewards[row].item()}; Online RFT needs verifier rewards of 0 or 1")
+    return rewards.to(torch.float32)  # (B,)
 
 
 def _validate_process_inputs(

@@ -133,7 +133,9 @@ class BootstrapConfig(Section):
 
 
 class SupervisionConfig(Section):
-    mode: Literal["outcome", "process"] = Field("process", description="GRPO advantages: outcome or process (PRM).")
+    mode: Literal["outcome", "process", "rft"] = Field("process", description=(
+        "GRPO advantages: outcome, process (PRM), or rft (Online RFT, DeepSeekMath §5.2.1: 1 for a correct "
+        "sample, 0 otherwise; no baseline, no negative advantages)."))
     verifier_weight: float = Field(1.0, ge=0, description="Outcome mode: weight of the verifier's 0/1 reward.")
     orm_weight: float = Field(0.0, ge=0, description="Outcome mode: weight of the ORM's score (needs an ORM).")
     prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
@@ -142,6 +144,9 @@ class SupervisionConfig(Section):
     def _some_reward(self):
         if self.mode == "outcome" and self.verifier_weight == 0 and self.orm_weight == 0:
             raise ValueError("outcome mode needs verifier_weight or orm_weight above 0")
+        if self.mode == "rft" and self.orm_weight > 0:
+            raise ValueError("rft mode rewards the verifier's correct samples only: set orm_weight to 0 "
+                             "(or use mode: outcome for an ORM reward)")
         return self
 
 
@@ -182,6 +187,9 @@ class RewardModelConfig(Section):
         "bce", description="ORM loss: BCE on outcomes, or pairwise (Bradley-Terry, TRL's RewardTrainer) on correct/incorrect pairs of one prompt.")
     replay_fraction: float = Field(0.1, description="Share of the historical shards replayed in each retraining.")
     warm_start: bool = Field(True, description="Start each round from the previous round's RM.")
+    retrain: bool = Field(True, description=(
+        "Retrain the RMs every round; false: train them in round 0 only and reuse those checkpoints in every "
+        "later round (a frozen RM, for comparison)."))
     holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
     train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")

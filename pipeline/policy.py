@@ -1,9 +1,11 @@
-"""The GRPO phase: TRL's GRPOTrainer with outcome supervision, or process supervision from a PRM.
+"""The GRPO phase: TRL's GRPOTrainer with outcome supervision, process supervision from a PRM, or Online RFT.
 
 Process supervision (DeepSeekMath §4.1.3) needs per-token advantages. TRL's `_compute_loss` accepts
 `(B, T)` advantages from a subclass, so `ProcessGRPOTrainer` overrides only
 `_generate_and_score_completions`: TRL generates and scores as usual, then the PRM scores every step and
-the advantages are replaced by `process_advantages`. Everything else (loss types, clipping, KL) is TRL's.
+the advantages are replaced by `process_advantages`. Online RFT (§5.2.1) replaces them the same way, by
+the verifier's 0/1 reward (`rft_advantages`), which TRL's `scale_rewards` cannot express (it always
+subtracts the group mean). Everything else (loss types, clipping, KL) is TRL's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from trl import GRPOTrainer
 
 from models import load_reward_model, save_model
 from models.factories import load_tokenizer, lora_config
-from pipeline.advantages import process_advantages
+from pipeline.advantages import process_advantages, rft_advantages
 from pipeline.config import PipelineConfig, grpo_config
 from pipeline.problems import ProblemSet
 from pipeline.rewards import OrmScorer, PrmScorer, checked, verifier_reward
@@ -55,23 +57,34 @@ def dedupe_steps(scores: list[float], ends: list[int]) -> tuple[list[float], lis
 
 
 class ProcessGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose advantages come from a PRM's step rewards in `process` mode.
+    """GRPOTrainer whose advantages come from a PRM's step rewards in `process` mode, or are the verifier's
+    0/1 reward in `rft` mode (Online RFT: the first reward function must be the verifier).
 
     Args:
         prm_scorer: scores each step of `prompt + completion` (required in process mode).
-        supervision: "outcome" (TRL unchanged) or "process".
+        supervision: "outcome" (TRL unchanged), "process" or "rft".
     """
 
     def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str = "outcome", **kwargs):
-        if supervision not in ("outcome", "process"):
-            raise ValueError(f"supervision must be 'outcome' or 'process', got {supervision!r}")
+        if supervision not in ("outcome", "process", "rft"):
+            raise ValueError(f"supervision must be 'outcome', 'process' or 'rft', got {supervision!r}")
         if supervision == "process" and prm_scorer is None:
             raise ValueError("process supervision needs a PRM (prm_scorer)")
         super().__init__(*args, **kwargs)
         self.prm_scorer, self.supervision = prm_scorer, supervision
 
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Kept for rft mode: TRL returns the rewards gathered over processes, (B_all, num_funcs).
+        self._last_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._last_rewards
+
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
+        if self.supervision == "rft":
+            start = self.accelerator.process_index * len(inputs)
+            verifier = self._last_rewards[start : start + len(inputs), 0]  # (B,)
+            out["advantages"] = rft_advantages(verifier).to(out["completion_ids"].device)  # (B,)
+            return out
         if self.supervision != "process":
             return out
         ids, mask = out["completion_ids"], out["completion_mask"]  # (B, T)
@@ -124,12 +137,13 @@ def round_prompts(problem_set: ProblemSet, count: int, seed: int, round_index: i
 
 
 def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, orm: OrmScorer | None):
-    """Reward functions and weights for GRPOTrainer (in process mode the verifier is there for logging only)."""
+    """Reward functions and weights for GRPOTrainer (in process mode the verifier is there for logging only;
+    in rft mode it is the reward, weight 1)."""
     funcs, weights = [checked(verifier_reward(problem_set), "verifier")], [cfg.supervision.verifier_weight]
     if cfg.supervision.mode == "outcome" and cfg.supervision.orm_weight > 0:
         funcs.append(checked(orm.as_reward(), "orm"))
         weights.append(cfg.supervision.orm_weight)
-    if cfg.supervision.mode == "process":
+    if cfg.supervision.mode in ("process", "rft"):
         weights = [1.0]
     return funcs, weights
 

@@ -231,6 +231,9 @@ def run_reward_model_phase(
 ) -> RewardModelResult:
     """Retrain each RM of `reward_model.kinds` on the round's shard plus a replay of earlier shards.
 
+    With `reward_model.retrain: false`, a round after 0 trains nothing: each RM is the previous round's
+    checkpoint (so round 0's, frozen), evaluated on this round's held-out slice like a retrained one.
+
     Args:
         previous: kind -> the previous round's checkpoint (warm start); None or missing: from the policy.
     """
@@ -247,13 +250,20 @@ def run_reward_model_phase(
         "rm/outcome_positive_share": positives / max(len(rows), 1),
         "rm/step_positive_share": _mean([y for r in rows for y in r["he_labels"]]),
     }
+    frozen = not rm.retrain and round_index > 0
+    if frozen:
+        metrics.update({"rm/train_rows": 0.0, "rm/replay_rows": 0.0})
     paths = {}
     for kind in rm.kinds:
         prev = (previous or {}).get(kind)
-        warm = bool(rm.warm_start and prev)
-        out = round_dir(run_dir, round_index) / "reward_model" / kind
-        with (run_context(kind) if run_context else contextlib.nullcontext()):
-            paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to, callbacks)
+        if frozen and prev:
+            paths[kind] = Path(prev)
+        else:
+            warm = bool(rm.warm_start and prev)
+            out = round_dir(run_dir, round_index) / "reward_model" / kind
+            with (run_context(kind) if run_context else contextlib.nullcontext()):
+                paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to,
+                                                 callbacks)
         if held:
             metrics.update(evaluate_reward_model(paths[kind], kind, held, rm.aggregation))
     return RewardModelResult(paths, metrics)

@@ -95,8 +95,9 @@ class OrmScorer:
         return out
 
     def as_reward(self) -> RewardFunc:
-        def orm(completions: list[str], prompt: list[str], **kwargs) -> list[float]:
-            return self(prompt, completions)
+        def orm(completions: list[str], prompts: list[str] | None = None, **kwargs) -> list[float]:
+            # GRPOTrainer passes the prompts as `prompts`; the dataset's `prompt` column is not among its kwargs.
+            return self(prompts if prompts is not None else kwargs["prompt"], completions)
 
         return orm
 

@@ -271,6 +271,8 @@ def test_orm_scorer_length_range_and_batching(policy_dir):
     assert one == pytest.approx(many, abs=1e-5)
     # As a TRL reward: the prompt column arrives as a keyword.
     assert OrmScorer(model, tok).as_reward()(COMPLETIONS, prompt=prompts) == pytest.approx(one, abs=1e-5)
+    # As GRPOTrainer calls it: the prompts arrive as `prompts`, not as the `prompt` column.
+    assert OrmScorer(model, tok).as_reward()(COMPLETIONS, prompts=prompts) == pytest.approx(one, abs=1e-5)
 
 
 def test_prm_with_nan_weights_names_the_sample(policy_dir):

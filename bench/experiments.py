@@ -1,0 +1,481 @@
+"""DeepSeekMath's comparisons on the embedded problem set, at fixed budgets, with several seeds each.
+
+Every arm is a pipeline run (the `iterative-rl` flow on configs/quickstart.yaml plus overrides) in
+`<runs-dir>/<arm>-s<seed>`, so a restarted command resumes where it stopped; all of them log to one MLflow
+experiment (`iterative-grpo-experiments`), a parent run per arm and seed. Each seed's SFT bootstrap is
+trained once (`<runs-dir>/sft-s<seed>`) and is every arm's round-0 policy, so the arms of a seed differ
+only from round 1 on.
+
+  prm       GRPO, process supervision, RMs retrained each round with 10% replay (the quickstart);
+            evaluated with 64 samples per problem for Maj@K / Pass@K and best-of-N up to 64
+  orm       GRPO, outcome supervision by the ORM alone
+  verifier  GRPO, outcome supervision by the verifier alone
+  rft       Online RFT: the verifier's 0/1 reward is the advantage, no baseline (DeepSeekMath §5.2.1)
+  frozen    as prm, the round-0 RMs frozen (reward_model.retrain: false)
+  noreplay  as prm, the RMs retrained without replay (reward_model.replay_fraction: 0)
+  mc        collection only: MC step labels' agreement with the gold labels against N, hard and soft
+
+Then `docs/results.md` (tables: mean ± sample std over seeds, per-seed values at the end) and PNG plots
+in `docs/img/`, the command and its wall time. Run from the repository root:
+
+  python bench/experiments.py                   # everything, about 1h45-2h on 2 idle cores (estimated)
+  python bench/experiments.py --smoke           # mini budgets, 1 seed, 1 round, ~2 min (runs/experiments-smoke)
+  python bench/experiments.py --only rft --only frozen
+  python bench/experiments.py --report-only     # rebuild the report from the finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+from _common import ROOT  # noqa: E402  (sets sys.path, quiet warnings and tqdm)
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.fsutil import read_json, write_json_atomic  # noqa: E402
+from pipeline.runner import Manifest  # noqa: E402
+
+EXPERIMENT = "iterative-grpo-experiments"
+SUPERVISION_ARMS = ("prm", "orm", "verifier", "rft")
+RM_ARMS = ("prm", "frozen", "noreplay")
+ARMS = ("prm", "orm", "verifier", "rft", "frozen", "noreplay")
+LABELS = {"prm": "GRPO + PRM (process)", "orm": "GRPO + ORM (outcome)", "verifier": "GRPO + verifier (outcome)",
+          "rft": "Online RFT (verifier)", "frozen": "PRM frozen at round 0", "noreplay": "PRM retrained, no replay"}
+MC_NS = (1, 2, 4, 8, 16)
+
+# Mini sizes (tests/conftest.py's mini_config): the whole smoke run in a few minutes.
+SMOKE = [
+    "policy.tiny.hidden_size=64", "policy.tiny.num_layers=2", "policy.tiny.num_heads=2",
+    "policy.tiny.intermediate_size=128", "policy.tiny.max_position_embeddings=96",
+    "problems.arithmetic.num_train=400", "problems.arithmetic.num_test=20", "problems.arithmetic.max_steps=2",
+    "bootstrap.sft_args.num_train_epochs=2", "bootstrap.sft_args.learning_rate=3e-3",
+    "supervision.prompts_per_round=16", "grpo.max_steps=2", "grpo.num_generations=4",
+    "grpo.per_device_train_batch_size=8", "grpo.max_completion_length=32",
+    "collect.prompts_per_round=6", "collect.samples_per_prompt=2", "collect.rollouts_per_step=2",
+    "collect.max_new_tokens=32", "reward_model.holdout_fraction=0.34", "reward_model.train_args.num_train_epochs=1",
+    "reward_model.train_args.per_device_train_batch_size=8", "eval.num_problems=8", "eval.samples_per_problem=8",
+    "eval.max_new_tokens=32", "eval.best_of_n=[2,4]",
+]
+
+
+def arm_overrides(arm: str, smoke: bool) -> list[str]:
+    """What an arm changes in the quickstart config."""
+    n = 16 if smoke else 64  # the prm arm's eval samples: Maj@K / Pass@K and best-of-N for N = 1..n
+    return {
+        "prm": [f"eval.samples_per_problem={n}", f"eval.best_of_n={[1 << e for e in range(n.bit_length())]}"],
+        "orm": ["supervision.mode=outcome", "supervision.verifier_weight=0", "supervision.orm_weight=1"],
+        "verifier": ["supervision.mode=outcome"],
+        "rft": ["supervision.mode=rft"],
+        "frozen": ["reward_model.retrain=false"],
+        "noreplay": ["reward_model.replay_fraction=0"],
+    }[arm]
+
+
+class Experiments:
+    """The runs directory, the shared settings, and a status file of finished units and their wall times."""
+
+    def __init__(self, a: argparse.Namespace):
+        self.a, self.runs_dir = a, Path(a.runs_dir)
+        self.status_path = self.runs_dir / "experiments.json"
+        self.status = read_json(self.status_path) if self.status_path.exists() else {"units": {}}
+
+    def base(self, seed: int) -> list[str]:
+        return (SMOKE if self.a.smoke else []) + [f"run.seed={seed}", f"run.runs_dir={self.runs_dir}",
+                                                  f"tracking.experiment={self.a.experiment}"] + (
+            [f"tracking.tracking_uri={self.a.tracking_uri}"] if self.a.tracking_uri else [])
+
+    def config(self, seed: int, extra: list[str]):
+        return load_config(ROOT / "configs" / "quickstart.yaml", self.base(seed) + extra)
+
+    def arm_config(self, arm: str, seed: int):
+        return self.config(seed, [
+            f"run.name={arm}-s{seed}", f"run.rounds={self.a.rounds}", f"policy.model={self.sft_path(seed)}",
+            "bootstrap.sft=false", "tracking.register_models=false", *arm_overrides(arm, self.a.smoke)])
+
+    def sft_path(self, seed: int) -> Path:
+        return self.runs_dir / f"sft-s{seed}" / "policy"
+
+    def unit(self, name: str, func) -> None:
+        """Run one unit unless done; add up its wall time over invocations; on failure, report it and go on."""
+        old = self.status["units"].get(name, {})
+        if old.get("status") == "done":
+            return
+        print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            func()
+            status = "done"
+        except Exception:  # one broken arm must not cost the others: report it, carry on
+            traceback.print_exc()
+            status = "failed"
+        seconds = time.perf_counter() - start
+        self.status["units"][name] = {"status": status, "seconds": old.get("seconds", 0.0) + seconds}
+        write_json_atomic(self.status_path, self.status)
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {seconds / 60:.1f} min", flush=True)
+
+    # --- units -----------------------------------------------------------------------------------
+
+    def sft(self, seed: int) -> None:
+        from pipeline import tracking
+        from pipeline.bootstrap import run_bootstrap
+
+        cfg = self.config(seed, [f"run.name=sft-s{seed}"])
+        res = run_bootstrap(cfg, self.sft_path(seed))
+        exp = tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+        run = tracking.create_run(exp, f"sft-s{seed}", tags={"arm": "sft", "seed": str(seed)})
+        tracking.log_metrics(run, res.metrics)
+        tracking.finish(run)
+
+    def arm(self, arm: str, seed: int) -> None:
+        from flows.iterative import iterative_rl
+
+        iterative_rl(self.arm_config(arm, seed).model_dump(mode="json"))
+
+    def mc(self, seed: int) -> None:
+        from pipeline import tracking
+
+        cfg = self.config(seed, [f"run.name=mc-s{seed}"])
+        prompts, samples = (4, 2) if self.a.smoke else (self.a.mc_prompts, 8)
+        result = mc_label_agreement(cfg, self.sft_path(seed), prompts, samples, MC_NS, seed)
+        exp = tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+        run = tracking.create_run(exp, f"mc-labels-s{seed}", tags={"arm": "mc", "seed": str(seed)})
+        tracking.log_params(run, {"prompts": prompts, "samples_per_prompt": samples})
+        for n, r in result["by_n"].items():
+            tracking.log_metrics(run, {"mc/he_gold_agreement": r["he"], "mc/se_gold_agreement": r["se"]}, step=int(n))
+        tracking.finish(run)
+        write_json_atomic(self.runs_dir / f"mc-s{seed}.json", result)
+
+
+def mc_label_agreement(cfg, policy_path: Path, prompts: int, samples: int, ns, seed: int) -> dict:
+    """Math-Shepherd §5.2 on one policy: agreement of HE and SE (>= 0.5) step labels with gold, for each N.
+
+    The same samples are labelled at every N (fresh rollouts each time), so N is the only thing that varies.
+    """
+    from models import load_policy
+    from pipeline.collect import agreement, label_exhaustive, make_request
+    from pipeline.generation import sample
+    from pipeline.problems import problem_set_from_config
+
+    ps = problem_set_from_config(cfg)
+    model, tok = load_policy(str(policy_path))
+    c = cfg.collect
+    opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens, batch_size=c.batch_size)
+    problems = random.Random(seed).sample(list(ps.train), prompts)
+    fresh = sample(model, tok, [p.prompt for p in problems], samples, seed=seed, **opts)
+    items = [(p, t) for p, texts in zip(problems, fresh.texts) for t in texts]
+    gold = [ps.gold_step_labels(t, p) for p, t in items]
+    reqs = [make_request(ps, p, t) for p, t in items]
+    by_n = {}
+    for n in ns:
+        calls = iter(range(1, 1 << 30))
+
+        def completer(texts, k, n=n):
+            return sample(model, tok, texts, k, seed=seed * 100003 + n * 1009 + next(calls), **opts).texts
+
+        labels = label_exhaustive(ps, completer, reqs, n)
+        by_n[str(n)] = {"he": agreement([x.he for x in labels], gold), "se": agreement([x.se for x in labels], gold),
+                        "rollouts_per_sample": sum(x.rollouts for x in labels) / len(labels)}
+    steps = sum(len(g) for g in gold)
+    return {"samples": len(items), "steps": steps, "gold_positive_share": sum(map(sum, gold)) / max(steps, 1),
+            "by_n": by_n}
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def gather(runs_dir: Path, seeds: list[int]) -> dict:
+    """arm -> seed -> round -> every metric the pipeline recorded (eval, reward_model, collect, policy)."""
+    data: dict = {}
+    for arm in ARMS:
+        for seed in seeds:
+            try:
+                phases = Manifest.load(runs_dir / f"{arm}-s{seed}").data["phases"]
+            except FileNotFoundError:
+                continue
+            rounds: dict[int, dict] = {}
+            for key, out in phases.items():
+                r = int(key.split("/")[0])
+                rounds.setdefault(r, {}).update(out.get("metrics", {}))
+            data.setdefault(arm, {})[seed] = {r: m for r, m in rounds.items() if "eval/greedy" in m}
+    return data
+
+
+def values(data: dict, arm: str, r: int, key: str) -> list[float]:
+    return [m[r][key] for m in data.get(arm, {}).values() if r in m and key in m[r] and m[r][key] == m[r][key]]
+
+
+def fmt(xs: list[float], seeds: int) -> str:
+    """'mean ± sample std' over seeds, '(n=k)' when fewer seeds than planned finished; '-' when none."""
+    if not xs:
+        return "-"
+    text = f"{statistics.mean(xs):.3f}" + (f" ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else "")
+    return text + (f" (n={len(xs)})" if len(xs) < seeds else "")
+
+
+def gains(data: dict, arm: str, last: int, key: str) -> list[float]:
+    """Per-seed change of `key` from round 0 to round `last` (then averaged: a paired comparison)."""
+    return [m[last][key] - m[0][key] for m in data.get(arm, {}).values()
+            if 0 in m and last in m and key in m[0] and key in m[last]]
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def plot_lines(path: Path, panels: list[tuple[str, str, dict[str, tuple[list, list, list]]]], xlabel: str,
+               logx: bool = False) -> Path:
+    """One panel per (title, y label, {label: (x, mean, std)}), error bars = std over seeds."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5 * len(panels), 4))
+    FigureCanvasAgg(fig)
+    for ax, (title, ylabel, curves) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        for label, (x, mean, std) in curves.items():
+            if x:
+                ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, label=label)
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        xs = sorted({v for _, (x, _, _) in curves.items() for v in x})
+        if xs:
+            ax.set_xticks(xs, [str(v) for v in xs])
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def curve(data: dict, arm: str, points: list[tuple[int, int, str]]) -> tuple[list, list, list]:
+    """(x, mean, std over seeds) for each (x, round, metric) point that has values."""
+    pts = [(x, v) for x, r, key in points if (v := values(data, arm, r, key))]
+    return ([x for x, _ in pts], [statistics.mean(v) for _, v in pts],
+            [statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in pts])
+
+
+PLACEHOLDER = "**What held / what did not:** _to be written from the numbers above; the script does not judge them._"
+
+
+def by_round(data: dict, arm: str, rounds: list[int], key: str) -> tuple[list, list, list]:
+    return curve(data, arm, [(r, r, key) for r in rounds])
+
+
+def report(ex: Experiments, command: str, wall: float, log: bool = True) -> Path:
+    """Write results.md and its plots from whatever runs exist (and log them to MLflow); return the path."""
+    a, seeds = ex.a, ex.a.seeds
+    out = Path(a.out)
+    img = out / "img"
+    data = gather(ex.runs_dir, seeds)
+    last = a.rounds
+    rounds = list(range(last + 1))
+    cfg = ex.arm_config("prm", seeds[0])
+    g, c, e = cfg.grpo, cfg.collect, cfg.eval
+    units = ex.status["units"]
+    failed = sorted(k for k, v in units.items() if v["status"] == "failed")
+    total = sum(v["seconds"] for v in units.values())
+    md = [
+        "# Results: DeepSeekMath's comparisons on the embedded problem set",
+        "",
+        f"Command: `{command}` (from the repository root); wall time of this invocation {wall / 60:.0f} min, "
+        f"sum of all units' wall times over every invocation {total / 60:.0f} min; {time.strftime('%Y-%m-%d')}, "
+        f"{os.cpu_count()} CPU cores. Seeds {seeds}; each seed also draws the problem set. "
+        f"MLflow experiment `{a.experiment}` (a parent run per arm and seed, `<arm>-s<seed>`; `sft-s<seed>`, "
+        "`mc-labels-s<seed>`; the report and plots as artifacts of a `summary` run).",
+        "",
+        f"Budgets (configs/quickstart.yaml unless listed): {last} RL round(s) after round 0 for every arm; per round "
+        f"GRPO {g.get('max_steps')} steps of {g.get('per_device_train_batch_size')} completions "
+        f"({g.get('num_generations')} per prompt, lr {g.get('learning_rate')}, beta {g.get('beta')}); collection "
+        f"{c.prompts_per_round} prompts x {c.samples_per_prompt} samples, N = {c.rollouts_per_step} rollouts per step; "
+        f"RMs {cfg.reward_model.train_args.get('num_train_epochs')} epochs; eval {e.num_problems} held-out problems x "
+        f"{e.samples_per_problem} samples at temperature {e.temperature} for the prm arm, "
+        f"{ex.arm_config('orm', seeds[0]).eval.samples_per_problem} for the others (Maj@K and Pass@K are unbiased at any n, so the arms compare; only the spread differs). "
+        "The SFT policy, trained once per seed, is every arm's round-0 policy; round 0's collection, RMs and eval "
+        f"are rerun in each arm with the same seeds (the prm arm's eval draws {e.samples_per_problem} samples).",
+        "",
+        table(["arm", "overrides of the quickstart", "units finished"], [
+            [f"`{arm}` {LABELS[arm]}", " ".join(f"`{o}`" for o in arm_overrides(arm, a.smoke)) or "-",
+             f"{sum(last in m for m in data.get(arm, {}).values())} of {len(seeds)} seeds"] for arm in ARMS]),
+        "",
+        f"`±` is the sample standard deviation over seeds (n = {len(seeds)} is few: read it as a rough spread); the per-seed "
+        "values are at the end. Gains are per-seed differences, then averaged.",
+    ]
+    if failed:
+        md += ["", f"**Failed units** (see the command's log): {', '.join(failed)}."]
+
+    # 1. Supervision.
+    rows = []
+    for arm in SUPERVISION_ARMS:
+        rows.append([LABELS[arm]] + [fmt(values(data, arm, r, "eval/maj@8"), len(seeds)) for r in rounds]
+                    + [fmt(gains(data, arm, last, "eval/maj@8"), len(seeds)),
+                       fmt(values(data, arm, last, "eval/greedy"), len(seeds)),
+                       fmt(values(data, arm, last, "eval/pass@1"), len(seeds))])
+    plot_lines(img / "supervision.png", [
+        ("Maj@8 per round", "accuracy", {LABELS[x]: by_round(data, x, rounds, "eval/maj@8") for x in SUPERVISION_ARMS}),
+        ("greedy per round", "accuracy", {LABELS[x]: by_round(data, x, rounds, "eval/greedy") for x in SUPERVISION_ARMS}),
+    ], "round")
+    md += ["", "## 1. Process against outcome supervision, and Online RFT", "",
+           "Mirrors DeepSeekMath Fig. 5 (§5.2.1): on GSM8K and MATH, GRPO with process supervision ends above GRPO "
+           "with outcome supervision, which ends above Online RFT (whose gradient coefficient is 1 for a correct "
+           "sample and 0 otherwise). The verifier-alone arm is not in the paper (it used a trained RM); Online RFT "
+           "here keeps the KL term, so only the advantage differs from the verifier arm.", "",
+           table(["arm"] + [f"Maj@8 round {r}" for r in rounds] + [f"Δ Maj@8 (0→{last})", f"greedy round {last}",
+                                                                    f"Pass@1 round {last}"], rows),
+           "", "![Maj@8 and greedy per round by supervision](img/supervision.png)", "", PLACEHOLDER]
+
+    # 2. Reward model retraining.
+    rows = []
+    for arm in RM_ARMS:
+        rows.append([LABELS[arm] if arm != "prm" else "PRM retrained, 10% replay"]
+                    + [fmt(values(data, arm, r, "eval/maj@8"), len(seeds)) for r in rounds]
+                    + [fmt(values(data, arm, r, "monitor/prm_gap"), len(seeds)) for r in rounds]
+                    + [fmt(values(data, arm, last, "prm/step_auc_gold"), len(seeds))])
+    names = {"prm": "retrained, 10% replay", "frozen": "frozen at round 0", "noreplay": "retrained, no replay"}
+    plot_lines(img / "reward_model.png", [
+        ("policy Maj@8 per round", "accuracy", {names[x]: by_round(data, x, rounds, "eval/maj@8") for x in RM_ARMS}),
+        ("reward-hacking gap (PRM mean - verifier)", "gap", {names[x]: by_round(data, x, rounds, "monitor/prm_gap")
+                                                             for x in RM_ARMS}),
+    ], "round")
+    md += ["", "## 2. Reward model retrained each round, frozen, or retrained without replay", "",
+           "Mirrors DeepSeekMath Fig. 6 and Algorithm 1 (§4.2): iterative RL, with the RM retrained on the policy's "
+           "new samples plus a 10% replay of the old ones, improves on the first RL iteration. The frozen-RM and "
+           "no-replay arms are ablations of that design, not figures of the paper. The gap is `monitor/prm_gap`: "
+           "the mean PRM score the policy trained against gives the round's fresh samples, minus the verifier's "
+           "accuracy on them (growing: the policy exploits the RM).", "",
+           table(["RM"] + [f"Maj@8 r{r}" for r in rounds] + [f"PRM gap r{r}" for r in rounds]
+                 + [f"PRM step AUC (gold) r{last}"], rows),
+           "", "![Maj@8 and reward-hacking gap per round](img/reward_model.png)", "", PLACEHOLDER]
+
+    # 3. Maj@K and Pass@K, round 0 against the last round.
+    ks = sorted({int(k.split("@")[1]) for m in data.get("prm", {}).values() for r in m.values() for k in r
+                 if k.startswith("eval/pass@")})
+    rows = [[str(k)] + [fmt(values(data, "prm", r, f"eval/{m}@{k}"), len(seeds)) for m in ("maj", "pass")
+                        for r in (0, last)]
+            + [fmt(gains(data, "prm", last, f"eval/{m}@{k}"), len(seeds)) for m in ("maj", "pass")] for k in ks]
+    plot_lines(img / "pass_maj.png", [
+        (f"{m.capitalize()}@K, GRPO + PRM", "accuracy",
+         {f"round {r}": curve(data, "prm", [(k, r, f"eval/{m}@{k}") for k in ks]) for r in sorted({0, last})})
+        for m in ("maj", "pass")], "K: samples per problem", logx=True)
+    md += ["", "## 3. Maj@K and Pass@K from round 0 to the last round (GRPO + PRM)", "",
+           "Mirrors DeepSeekMath Fig. 7 (§5.2.2; 7B, temperature 0.7, Instruct -> RL): GSM8K Maj@64 89.5 -> 91.0, "
+           "Pass@64 99.1 -> 97.3; MATH Maj@64 59.9 -> 60.9, Pass@64 87.5 -> 86.8. RL sharpens the output "
+           "distribution: Maj@K gains, Pass@K at large K does not.", "",
+           table(["K", "Maj@K r0", f"Maj@K r{last}", "Pass@K r0", f"Pass@K r{last}", "Δ Maj@K", "Δ Pass@K"], rows),
+           "", "![Maj@K and Pass@K against K](img/pass_maj.png)", "", PLACEHOLDER]
+
+    # 4. MC label agreement against N.
+    mc = [read_json(p) for s in seeds if (p := ex.runs_dir / f"mc-s{s}.json").exists()]
+    rows = [[str(n), fmt([m["by_n"][str(n)]["he"] for m in mc], len(seeds)),
+             fmt([m["by_n"][str(n)]["se"] for m in mc], len(seeds)),
+             fmt([m["by_n"][str(n)]["rollouts_per_sample"] for m in mc], len(seeds))] for n in MC_NS]
+    plot_lines(img / "mc_labels.png", [("MC step labels against gold", "agreement", {
+        name: (list(MC_NS), [statistics.mean([m["by_n"][str(n)][key] for m in mc]) for n in MC_NS],
+               [statistics.stdev([m["by_n"][str(n)][key] for m in mc]) if len(mc) > 1 else 0.0 for n in MC_NS])
+        for name, key in (("hard estimation", "he"), ("soft estimation (>= 0.5)", "se")) if mc})],
+        "N: rollouts per step", logx=True)
+    sizes = f"{mc[0]['samples']} samples, {mc[0]['steps']} steps" if mc else "no data"
+    md += ["", "## 4. Monte-Carlo step labels against gold labels, by the number of rollouts N", "",
+           "Mirrors Math-Shepherd §5.2: hard estimation agrees best with human labels at small N (86% at N = 4) and "
+           "degrades as N grows; soft estimation keeps improving with N. Here: each seed's SFT policy, "
+           f"{sizes} per seed (the same samples at every N, fresh rollouts), gold labels from exact arithmetic.", "",
+           table(["N", "HE agreement", "SE agreement", "rollouts per sample"], rows),
+           "", "![MC label agreement against N](img/mc_labels.png)", "", PLACEHOLDER]
+
+    # 5. Best-of-N.
+    ns = sorted({int(k.split("@")[1]) for m in data.get("prm", {}).values() for r in m.values() for k in r
+                 if k.startswith("bon/prm@")})
+    rows = [[str(n)] + [fmt(values(data, "prm", r, f"bon/{w}@{n}"), len(seeds)) for r in sorted({0, last})
+                        for w in ("prm", "orm", "majority", "random")] for n in ns]
+    plot_lines(img / "best_of_n.png", [
+        (f"best-of-N, round {r}", "accuracy",
+         {w: curve(data, "prm", [(n, r, f"bon/{w}@{n}") for n in ns]) for w in ("prm", "orm", "majority", "random")})
+        for r in sorted({0, last})], "N: candidates per problem", logx=True)
+    md += ["", "## 5. Best-of-N with the PRM, the ORM and majority vote", "",
+           "Mirrors Math-Shepherd's verification results (best-of-N against N, the PRM against an ORM and "
+           "self-consistency): the PRM ranks best, increasingly so as N grows. Here: the prm arm's eval samples, "
+           "scored by that round's RMs; a random pick is the floor.", "",
+           table(["N"] + [f"{w} r{r}" for r in sorted({0, last}) for w in ("PRM", "ORM", "majority", "random")], rows),
+           "", "![Best-of-N against N](img/best_of_n.png)", "", PLACEHOLDER]
+
+    # Per-seed values.
+    rows = [[arm, str(s)] + [f"{m[r]['eval/maj@8']:.3f}" if "eval/maj@8" in m.get(r, {}) else "-"
+                             for r in rounds]
+            for arm in ARMS for s, m in sorted(data.get(arm, {}).items())]
+    md += ["", "## Per seed: Maj@8 by round", "", table(["arm", "seed"] + [f"round {r}" for r in rounds], rows), ""]
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.md"
+    path.write_text("\n".join(md))
+    if log:
+        _log_summary(ex, path, img)
+    return path
+
+
+def _log_summary(ex: Experiments, path: Path, img: Path) -> None:
+    """The report and its plots as artifacts of one `summary` run in the experiment."""
+    from mlflow import MlflowClient
+
+    from pipeline import tracking
+
+    exp = tracking.connect(ex.a.tracking_uri, ex.a.experiment)
+    run = tracking.create_run(exp, "summary", tags={"arm": "summary"})
+    MlflowClient().log_artifact(run, str(path))
+    MlflowClient().log_artifacts(run, str(img), "img")
+    tracking.finish(run)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="mini budgets, 1 seed, 1 round (~2 min)")
+    ap.add_argument("--only", action="append", choices=[*ARMS, "mc"], help="run only these arms (repeatable)")
+    ap.add_argument("--seeds", type=int, nargs="+", help="default: 0 1 2 (smoke: 0)")
+    ap.add_argument("--rounds", type=int, help="RL rounds after round 0 (default 2; smoke 1); changing it on a "
+                    "resumed command needs a new --runs-dir")
+    ap.add_argument("--mc-prompts", type=int, default=64, help="prompts of the MC-label experiment (8 samples each)")
+    ap.add_argument("--runs-dir", help="default: runs/experiments (smoke: runs/experiments-smoke)")
+    ap.add_argument("--out", help="where results.md and img/ go (default: docs; smoke: the runs dir)")
+    ap.add_argument("--experiment", help=f"MLflow experiment (default {EXPERIMENT}; smoke: {EXPERIMENT}-smoke)")
+    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's, ./mlflow.db; smoke: in the runs dir)")
+    ap.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
+    a = ap.parse_args()
+    a.seeds = a.seeds or ([0] if a.smoke else [0, 1, 2])
+    a.rounds = a.rounds or (1 if a.smoke else 2)
+    a.runs_dir = a.runs_dir or ("runs/experiments-smoke" if a.smoke else "runs/experiments")
+    a.out = a.out or (a.runs_dir if a.smoke else "docs")
+    a.experiment = a.experiment or (f"{EXPERIMENT}-smoke" if a.smoke else EXPERIMENT)
+    if a.smoke and not a.tracking_uri:
+        a.tracking_uri = f"sqlite:///{Path(a.runs_dir).resolve() / 'mlflow.db'}"
+    Path(a.runs_dir).mkdir(parents=True, exist_ok=True)
+    command = "python bench/experiments.py " + " ".join(sys.argv[1:])
+
+    start = time.perf_counter()
+    ex = Experiments(a)
+    wanted = a.only or [*ARMS, "mc"]
+    if not a.report_only:
+        # Seed by seed, so an interrupted command still has whole comparisons for the seeds it finished.
+        for seed in a.seeds:
+            ex.unit(f"sft-s{seed}", lambda s=seed: ex.sft(s))
+            if ex.status["units"][f"sft-s{seed}"]["status"] != "done":
+                continue
+            if "mc" in wanted:
+                ex.unit(f"mc-s{seed}", lambda s=seed: ex.mc(s))
+            for arm in (x for x in ARMS if x in wanted):
+                ex.unit(f"{arm}-s{seed}", lambda x=arm, s=seed: ex.arm(x, s))
+            report(ex, command, time.perf_counter() - start, log=False)
+    path = report(ex, command, time.perf_counter() - start)
+    print(f"report: {path} ({(time.perf_counter() - start) / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()

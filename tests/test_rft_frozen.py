@@ -1,0 +1,114 @@
+"""Online RFT (`supervision.mode: rft`) and a frozen round-0 RM (`reward_model.retrain: false`): the two
+options behind the comparisons of bench/experiments.py (DeepSeekMath §5.2.1 and Fig. 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from models import char_tokenizer, save_model, tiny_policy
+from pipeline.advantages import outcome_advantages, rft_advantages
+from pipeline.config import ConfigError, config_from_dict, grpo_config
+from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs
+from pipeline.problems import problem_set_from_config
+from tests.conftest import mini_config
+
+
+def test_rft_worked_example_has_no_baseline():
+    # I(o): correct -> 1, wrong -> 0, whatever the rest of the group did.
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    assert rft_advantages(rewards).tolist() == [1.0, 0.0, 1.0, 1.0]
+    # GRPO on the same group (mean 0.75, unbiased std 0.5): wrong gets a negative advantage.
+    grpo = outcome_advantages(rewards, group_size=4)
+    assert grpo[1].item() == pytest.approx(-0.75 / (0.5 + 1e-4), abs=1e-6)
+
+
+def test_rft_all_correct_group_still_reinforced():
+    # GRPO gives an all-correct group zero advantages; Online RFT reinforces each correct sample.
+    rewards = torch.ones(4)
+    assert outcome_advantages(rewards, group_size=4).abs().max().item() == 0.0
+    assert rft_advantages(rewards).tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("rewards, match", [
+    (torch.tensor([1.0, 0.5]), "row 1 is 0.5"),
+    (torch.tensor([float("nan"), 1.0]), "row 0 is nan"),
+    (torch.ones(2, 2), "shape"),
+])
+def test_rft_bad_rewards(rewards, match):
+    with pytest.raises(ValueError, match=match):
+        rft_advantages(rewards)
+
+
+def test_rft_config_and_reward_functions(tmp_path):
+    cfg = config_from_dict(mini_config(tmp_path, supervision={"mode": "rft"}), check_trl=False)
+    funcs, weights = build_reward_funcs(cfg, problem_set_from_config(cfg), orm=None)
+    assert [f.__name__ for f in funcs] == ["verifier"] and weights == [1.0]
+    with pytest.raises(ConfigError, match="supervision: .*rft mode .*orm_weight"):
+        config_from_dict(mini_config(tmp_path, supervision={"mode": "rft", "orm_weight": 1.0}), check_trl=False)
+
+
+def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, monkeypatch):
+    """One GRPO step of a tiny policy in rft mode: the loss sees each completion's 0/1 reward, no baseline."""
+    tok = char_tokenizer()
+    save_model(tiny_policy(tok, 32, 2, 2, 64, 64, seed=0), tok, tmp_path / "policy")
+    cfg = config_from_dict(mini_config(tmp_path, grpo={"max_steps": 1, "per_device_train_batch_size": 4,
+                                                        "num_generations": 4, "max_completion_length": 6}),
+                           check_trl=False)
+
+    def alternating(completions, **kwargs):  # 1, 0, 1, 0: GRPO would give +-0.87, RFT gives 1 and 0
+        return [float(i % 2 == 0) for i in range(len(completions))]
+
+    alternating.__name__ = "verifier"
+    seen = []
+    original = ProcessGRPOTrainer._compute_loss
+
+    def spy(self, model, inputs):
+        seen.append(inputs["advantages"].detach().clone())
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(ProcessGRPOTrainer, "_compute_loss", spy)
+    trainer = ProcessGRPOTrainer(
+        model=str(tmp_path / "policy"), reward_funcs=[alternating], processing_class=tok,
+        args=grpo_config(cfg, str(tmp_path / "scratch"), reward_weights=[1.0]),
+        train_dataset=Dataset.from_list([{"prompt": "7 +5\n"}] * 4), supervision="rft",
+    )
+    trainer.train()
+    # TRL shuffles the generation batch before the loss: compare as multisets. No baseline: exactly 1s and 0s.
+    assert seen and all(sorted(a.tolist()) == [0.0, 0.0, 1.0, 1.0] for a in seen)
+
+
+def test_frozen_rm_reuses_round_0_checkpoints(tmp_path, monkeypatch):
+    """retrain: false -> round 1 trains nothing and returns round 0's paths; retrain: true trains again."""
+    import pipeline.reward_model as rm_mod
+    from pipeline.replay import shard_path, write_shard
+
+    trained = []
+
+    def fake_train(cfg, kind, rows, init, out_dir, warm, report_to="none", callbacks=None):
+        trained.append((kind, Path(out_dir).parent.parent.name))
+        return Path(out_dir)
+
+    monkeypatch.setattr(rm_mod, "train_reward_model", fake_train)
+    monkeypatch.setattr(rm_mod, "evaluate_reward_model", lambda *a, **k: {})
+    row = {"round": 1, "policy": "p", "prompt_id": "a", "prompt": "1 +1\n", "sample_index": 0,
+           "completion": "1+1=2\nAnswer: 2", "answer": "2", "steps": ["1+1=2", "Answer: 2"], "outcome": 1,
+           "he_labels": [1, 1], "se_labels": [1.0, 1.0], "gold_labels": [1, 1], "rollouts": 2, "num_tokens": 15}
+    write_shard([{**row, "round": 0}], shard_path(tmp_path, 0))
+    write_shard([row], shard_path(tmp_path, 1))
+    previous = {"prm": "round-000/reward_model/prm", "orm": "round-000/reward_model/orm"}
+
+    frozen = config_from_dict(mini_config(tmp_path, reward_model={"retrain": False}), check_trl=False)
+    res = rm_mod.run_reward_model_phase(frozen, tmp_path, 1, "policy", previous)
+    assert trained == [] and res.paths == {k: Path(v) for k, v in previous.items()}
+    assert res.metrics["rm/train_rows"] == 0.0
+    # Round 0 of a frozen run still trains (there is nothing to freeze yet).
+    rm_mod.run_reward_model_phase(frozen, tmp_path, 0, "policy", None)
+    assert trained == [("prm", "round-000"), ("orm", "round-000")]
+
+    retrained = config_from_dict(mini_config(tmp_path), check_trl=False)
+    rm_mod.run_reward_model_phase(retrained, tmp_path, 1, "policy", previous)
+    assert trained[2:] == [("prm", "round-001"), ("orm", "round-001")]
