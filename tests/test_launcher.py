@@ -100,13 +100,14 @@ def test_deepspeed_config_without_deepspeed_is_one_clear_error():
 
 def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
     script = tmp_path / "fails.py"
-    script.write_text("import os\nraise ValueError(f'broken on rank {os.environ[\"RANK\"]}')\n")
+    # One rank fails: two failing ranks interleave their output lines in the shared log.
+    script.write_text("import os\nif os.environ['RANK'] == '0':\n    raise ValueError('broken on rank 0')\n")
     launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
     with pytest.raises(LaunchError) as info:
         run_logged(launch_command(launcher, [str(script)]), tmp_path / "launch.log", child_env(), "the test phase")
     message = str(info.value)
     assert "the test phase failed under accelerate launch (exit code 1)" in message
-    assert "ValueError: broken on rank" in message and str(tmp_path / "launch.log") in message
+    assert "ValueError: broken on rank 0" in message and str(tmp_path / "launch.log") in message
 
 
 # --- the key check: 2 processes == 1 process -----------------------------------------------------------

@@ -17,6 +17,7 @@ from pipeline.config import config_from_dict
 from pipeline.evaluate import evaluate_policy
 from pipeline.policy import ProcessGRPOTrainer, run_policy_phase
 from pipeline.problems import problem_set_from_config
+from pipeline.problems.arithmetic import answer_slip
 from pipeline.replay import ReplayBuffer, shard_path, write_shard
 from pipeline.reward_model import evaluate_reward_model, run_reward_model_phase, train_reward_model
 from tests.conftest import mini_config
@@ -105,6 +106,19 @@ def test_outcome_grpo_raises_training_reward(setup):
     assert res.metrics["policy/reward_end"] >= res.metrics["policy/reward_start"] + 0.05, res.metrics
 
 
+def slipped_rows(ps, problems) -> list[dict]:
+    """Gold solutions (correct) and copies whose Answer line states the first step's result (incorrect)."""
+    rows = []
+    for p in problems:
+        bad = answer_slip(p.solution)
+        if bad == p.solution:
+            continue  # the first result is the answer: no wrong copy
+        for j, t in enumerate([p.solution, bad]):
+            rows.append({"round": 0, "prompt_id": p.id, "prompt": p.prompt, "sample_index": j, "completion": t,
+                         "outcome": int(ps.is_correct(t, p))})
+    return rows
+
+
 def corrupted_rows(ps, problems, seed: int) -> list[dict]:
     """Gold solutions and copies with one step's result nudged, labelled with the gold step labels."""
     rng = random.Random(seed)
@@ -145,11 +159,11 @@ def test_pairwise_orm_with_trl_reward_trainer_ranks_correct_above_wrong(setup):
     data["reward_model"] = {**data["reward_model"], "orm_loss": "pairwise", "train_args": {
         "learning_rate": 1e-3, "num_train_epochs": 3, "per_device_train_batch_size": 16, "lr_scheduler_type": "cosine"}}
     cfg = config_from_dict(data)
-    train, held = corrupted_rows(ps, ps.train[:1000], 0), corrupted_rows(ps, ps.test[:40], 1)
+    train, held = slipped_rows(ps, ps.train[:1000]), slipped_rows(ps, ps.test[:60])
     path = train_reward_model(cfg, "orm", train, policy, tmp / "orm-pairwise", warm=False)
     model, _, _ = load_reward_model(path, expect="orm")  # saved as an ordinary ORM checkpoint
     metrics = evaluate_reward_model(path, "orm", held)
-    # Chance is 0.5: each held-out prompt has its gold solution and a copy with one result nudged.
+    # Chance is 0.5: each held-out prompt has its gold solution and a copy whose Answer line is wrong.
     assert metrics["orm/auc"] >= 0.6, metrics
 
 
