@@ -54,3 +54,19 @@ def mlflow_tmp(tmp_path, monkeypatch):
     mlflow.set_tracking_uri(uri)
     yield uri
     mlflow.set_tracking_uri(None) if hasattr(mlflow, "set_tracking_uri") else None
+
+
+@pytest.fixture
+def seen_advantages(monkeypatch) -> list:
+    """The advantages tensor of every loss computation of ProcessGRPOTrainer, in order (a spy, not a mock)."""
+    from pipeline.policy import ProcessGRPOTrainer
+
+    seen = []
+    original = ProcessGRPOTrainer._compute_loss
+
+    def spy(self, model, inputs):
+        seen.append(inputs["advantages"].detach().clone())
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(ProcessGRPOTrainer, "_compute_loss", spy)
+    return seen

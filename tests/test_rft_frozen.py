@@ -51,7 +51,7 @@ def test_rft_config_and_reward_functions(tmp_path):
         config_from_dict(mini_config(tmp_path, supervision={"mode": "rft", "orm_weight": 1.0}), check_trl=False)
 
 
-def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, monkeypatch):
+def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, seen_advantages):
     """One GRPO step of a tiny policy in rft mode: the loss sees each completion's 0/1 reward, no baseline."""
     tok = char_tokenizer()
     save_model(tiny_policy(tok, 32, 2, 2, 64, 64, seed=0), tok, tmp_path / "policy")
@@ -63,14 +63,7 @@ def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, monkeypatch
         return [float(i % 2 == 0) for i in range(len(completions))]
 
     alternating.__name__ = "verifier"
-    seen = []
-    original = ProcessGRPOTrainer._compute_loss
-
-    def spy(self, model, inputs):
-        seen.append(inputs["advantages"].detach().clone())
-        return original(self, model, inputs)
-
-    monkeypatch.setattr(ProcessGRPOTrainer, "_compute_loss", spy)
+    seen = seen_advantages
     trainer = ProcessGRPOTrainer(
         model=str(tmp_path / "policy"), reward_funcs=[alternating], processing_class=tok,
         args=grpo_config(cfg, str(tmp_path / "scratch"), reward_weights=[1.0]),

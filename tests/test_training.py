@@ -15,7 +15,7 @@ from models import load_policy, load_reward_model, reward_model_from_policy, sav
 from pipeline.bootstrap import initial_policy, run_bootstrap
 from pipeline.config import config_from_dict
 from pipeline.evaluate import evaluate_policy
-from pipeline.policy import ProcessGRPOTrainer, run_policy_phase
+from pipeline.policy import run_policy_phase
 from pipeline.problems import problem_set_from_config
 from pipeline.problems.arithmetic import answer_slip
 from pipeline.replay import ReplayBuffer, shard_path, write_shard
@@ -57,18 +57,11 @@ def test_sft_bootstrap_raises_held_out_accuracy(setup):
     assert after >= 0.15, after
 
 
-def test_process_grpo_trains_on_per_token_advantages(setup, monkeypatch):
+def test_process_grpo_trains_on_per_token_advantages(setup, seen_advantages):
     cfg, ps, policy, tmp = setup
     prm, tok = reward_model_from_policy(str(policy), "prm")
     save_model(prm, tok, tmp / "prm")
-    seen = []
-    original = ProcessGRPOTrainer._compute_loss
-
-    def spy(self, model, inputs):
-        seen.append(inputs["advantages"].detach().clone())
-        return original(self, model, inputs)
-
-    monkeypatch.setattr(ProcessGRPOTrainer, "_compute_loss", spy)
+    seen = seen_advantages
     before = load_policy(str(policy))[0].state_dict()
     out = tmp / "policy-process"
     res = run_policy_phase(cfg, ps, policy, out, 1, reward_model_path=tmp / "prm")
