@@ -76,24 +76,25 @@ def prm_examples(rows: list[dict], tokenizer, target: str) -> list[dict]:
     return out
 
 
+def sequence_ids(tokenizer, row: dict) -> list[int]:
+    """Token ids of a row's `prompt + completion` as the ORM sees it (no eos appended)."""
+    return tokenizer(row["prompt"] + row["completion"])["input_ids"]
+
+
 def orm_examples(rows: list[dict], tokenizer) -> list[dict]:
-    return [
-        {"input_ids": tokenizer(r["prompt"] + r["completion"])["input_ids"], "labels": float(r["outcome"])}
-        for r in rows
-    ]
+    return [{"input_ids": sequence_ids(tokenizer, r), "labels": float(r["outcome"])} for r in rows]
 
 
 def orm_pairs(rows: list[dict], tokenizer) -> list[dict]:
     """Every (correct, incorrect) pair of completions of one prompt from one round, as TRL's tokenized columns.
 
-    Tokenized like `orm_examples` (no eos appended), so pairwise and BCE ORMs score the same text.
+    Tokenized like `orm_examples` (`sequence_ids`), so pairwise and BCE ORMs score the same text.
     """
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["round"], r["prompt_id"]), []).append(r)
-    ids = lambda r: tokenizer(r["prompt"] + r["completion"])["input_ids"]  # noqa: E731
     return [
-        {"chosen_ids": ids(good), "rejected_ids": ids(bad)}
+        {"chosen_ids": sequence_ids(tokenizer, good), "rejected_ids": sequence_ids(tokenizer, bad)}
         for group in groups.values()
         for good in group if good["outcome"]
         for bad in group if not bad["outcome"]
