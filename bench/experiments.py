@@ -272,7 +272,7 @@ def by_round(data: dict, arm: str, rounds: list[int], key: str) -> tuple[list, l
     return curve(data, arm, [(r, r, key) for r in rounds])
 
 
-def report(ex: Experiments, command: str, wall: float, log: bool = True) -> Path:
+def report(ex: Experiments, command: str, wall: float | None, log: bool = True) -> Path:
     """Write results.md and its plots from whatever runs exist (and log them to MLflow); return the path."""
     a, seeds = ex.a, ex.a.seeds
     out = Path(a.out)
@@ -288,8 +288,9 @@ def report(ex: Experiments, command: str, wall: float, log: bool = True) -> Path
     md = [
         "# Results: DeepSeekMath's comparisons on the embedded problem set",
         "",
-        f"Command: `{command}` (from the repository root); wall time of this invocation {wall / 60:.0f} min, "
-        f"sum of all units' wall times over every invocation {total / 60:.0f} min; {time.strftime('%Y-%m-%d')}, "
+        f"Command: `{command}` (from the repository root); "
+        + (f"wall time of this invocation {wall / 60:.0f} min, " if wall is not None else "")
+        + f"sum of all units' wall times over every invocation {total / 60:.0f} min; {time.strftime('%Y-%m-%d')}, "
         f"{os.cpu_count()} CPU cores. Seeds {seeds}; each seed also draws the problem set. "
         f"MLflow experiment `{a.experiment}` (a parent run per arm and seed, `<arm>-s<seed>`; `sft-s<seed>`, "
         "`mc-labels-s<seed>`; the report and plots as artifacts of a `summary` run).",
@@ -416,10 +417,28 @@ def report(ex: Experiments, command: str, wall: float, log: bool = True) -> Path
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.md"
-    path.write_text("\n".join(md))
+    path.write_text(keep_verdicts("\n".join(md), path))
     if log:
         _log_summary(ex, path, img)
     return path
+
+
+def keep_verdicts(text: str, old: Path) -> str:
+    """Put back the verdicts written by hand under each section of an earlier report, so a rebuilt one keeps them."""
+    if not old.exists():
+        return text
+    kept = {}
+    for section in old.read_text().split("\n## ")[1:]:
+        title, _, body = section.partition("\n")
+        for para in body.split("\n\n"):
+            if para.strip().startswith("**What held") and para.strip() != PLACEHOLDER:
+                kept[title] = para.strip()
+    sections = text.split("\n## ")
+    for i, section in enumerate(sections[1:], 1):
+        title = section.partition("\n")[0]
+        if title in kept:
+            sections[i] = section.replace(PLACEHOLDER, kept[title])
+    return "\n## ".join(sections)
 
 
 def _log_summary(ex: Experiments, path: Path, img: Path) -> None:
@@ -457,7 +476,8 @@ def main() -> None:
     if a.smoke and not a.tracking_uri:
         a.tracking_uri = f"sqlite:///{Path(a.runs_dir).resolve() / 'mlflow.db'}"
     Path(a.runs_dir).mkdir(parents=True, exist_ok=True)
-    command = "python bench/experiments.py " + " ".join(sys.argv[1:])
+    # The command that made the runs: a rebuilt report names that one, not --report-only.
+    command = " ".join(["python bench/experiments.py", *(x for x in sys.argv[1:] if x != "--report-only")])
 
     start = time.perf_counter()
     ex = Experiments(a)
@@ -473,7 +493,7 @@ def main() -> None:
             for arm in (x for x in ARMS if x in wanted):
                 ex.unit(f"{arm}-s{seed}", lambda x=arm, s=seed: ex.arm(x, s))
             report(ex, command, time.perf_counter() - start, log=False)
-    path = report(ex, command, time.perf_counter() - start)
+    path = report(ex, command, None if a.report_only else time.perf_counter() - start)
     print(f"report: {path} ({(time.perf_counter() - start) / 60:.1f} min)")
 
 
