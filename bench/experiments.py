@@ -18,7 +18,7 @@ only from round 1 on.
 Then `docs/results.md` (tables: mean ± sample std over seeds, per-seed values at the end) and PNG plots
 in `docs/img/`, the command and its wall time. Run from the repository root:
 
-  python bench/experiments.py                   # everything, about 1h45-2h on 2 idle cores (estimated)
+  python bench/experiments.py                   # everything: 124 min on 2 idle cores (measured)
   python bench/experiments.py --smoke           # mini budgets, 1 seed, 1 round, ~2 min (runs/experiments-smoke)
   python bench/experiments.py --only rft --only frozen
   python bench/experiments.py --report-only     # rebuild the report from the finished runs
