@@ -239,6 +239,11 @@ def run_reward_model_phase(
         previous: kind -> the previous round's checkpoint (warm start); None or missing: from the policy.
     """
     rm = cfg.reward_model
+    frozen = not rm.retrain and round_index > 0
+    missing = [kind for kind in rm.kinds if not (previous or {}).get(kind)]
+    if frozen and missing:  # else a "frozen" RM would be trained afresh from the policy
+        raise ValueError(f"reward_model.retrain is false: round {round_index} reuses the previous round's RMs, "
+                         f"but none was given for {', '.join(missing)}")
     run_dir = Path(run_dir)
     buffer = ReplayBuffer(run_dir)
     # Data: the whole new shard (minus a held-out slice of prompts) plus replay_fraction of history.
@@ -251,13 +256,12 @@ def run_reward_model_phase(
         "rm/outcome_positive_share": positives / max(len(rows), 1),
         "rm/step_positive_share": _mean([y for r in rows for y in r["he_labels"]]),
     }
-    frozen = not rm.retrain and round_index > 0
     if frozen:
         metrics.update({"rm/train_rows": 0.0, "rm/replay_rows": 0.0})
     paths = {}
     for kind in rm.kinds:
         prev = (previous or {}).get(kind)
-        if frozen and prev:
+        if frozen:
             paths[kind] = Path(prev)
         else:
             warm = bool(rm.warm_start and prev)

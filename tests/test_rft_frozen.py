@@ -98,6 +98,10 @@ def test_frozen_rm_reuses_round_0_checkpoints(tmp_path, monkeypatch):
     res = rm_mod.run_reward_model_phase(frozen, tmp_path, 1, "policy", previous)
     assert trained == [] and res.paths == {k: Path(v) for k, v in previous.items()}
     assert res.metrics["rm/train_rows"] == 0.0
+    # Frozen without round 0's checkpoints: one clear error, nothing trained afresh behind the user's back.
+    with pytest.raises(ValueError, match="retrain is false: round 1 .* none was given for orm"):
+        rm_mod.run_reward_model_phase(frozen, tmp_path, 1, "policy", {"prm": previous["prm"]})
+    assert trained == []
     # Round 0 of a frozen run still trains (there is nothing to freeze yet).
     rm_mod.run_reward_model_phase(frozen, tmp_path, 0, "policy", None)
     assert trained == [("prm", "round-000"), ("orm", "round-000")]
