@@ -98,3 +98,9 @@ def main(models_dir: str, out_json: str, per_device_batch: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    # As pipeline/launch.py's entry does: a group left to die with the interpreter can abort at exit
+    # ("terminate called without an active exception"), failing a step that finished.
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
