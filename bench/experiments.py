@@ -39,8 +39,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 from _common import ROOT  # noqa: E402  (sets sys.path, quiet warnings and tqdm)
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.fsutil import read_json, write_json_atomic  # noqa: E402
-from pipeline.runner import Manifest  # noqa: E402
+from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic  # noqa: E402  # noqa: E402
 
 EXPERIMENT = "iterative-grpo-experiments"
 SUPERVISION_ARMS = ("prm", "orm", "verifier", "rft")
@@ -201,7 +200,7 @@ def gather(runs_dir: Path, seeds: list[int]) -> dict:
                 continue
             rounds: dict[int, dict] = {}
             for key, out in phases.items():
-                r = int(key.split("/")[0])
+                r = round_of(key.split("/")[0])
                 rounds.setdefault(r, {}).update(out.get("metrics", {}))
             data.setdefault(arm, {})[seed] = {r: m for r, m in rounds.items() if "eval/greedy" in m}
     return data

@@ -8,7 +8,7 @@ Run (from the repository root, in the project's venv):
 
 What it does, all under one temp folder (removed at the end unless --keep):
 
-1. The reference: `python -m pipeline.cli run CONFIG` in a subprocess, uninterrupted, on `tests.conftest.mini_config`
+1. The reference: `python -m flows.cli run CONFIG` in a subprocess, uninterrupted, on `tests.conftest.mini_config`
    (rounds = --rounds), with a PREFECT_HOME of its own per run (ephemeral Prefect server, analytics off), a sqlite
    MLflow store and a runs dir in the temp folder. Its wall time T is the range of the kill moments.
 2. A control (skip with --no-control): the same config uninterrupted under another run name. It tells whether CPU
@@ -53,10 +53,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import yaml  # noqa: E402
 
+from pipeline.rounds import PHASES  # noqa: E402
 from tests.conftest import mini_config  # noqa: E402
 
 CHECKPOINTS = ("policy", "reward_model/prm", "reward_model/orm")
-PHASES = ("policy", "collect", "reward_model", "eval")
 MAX_KILLS = 20
 TIMING = re.compile(r"(_per_s|seconds|runtime)$")  # metrics that are timings, not results
 
@@ -80,7 +80,7 @@ def attempt(work: Path, name: str, config: Path, log: Path, kill_at: float | Non
     with open(log, "ab") as out:
         out.write(f"\n=== attempt, kill_at={kill_at} ===\n".encode())
         out.flush()
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(config)], env=env_for(work, name),
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], env=env_for(work, name),
                                 cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         limit = kill_at if kill_at is not None else timeout
         try:
@@ -119,7 +119,7 @@ def phase_in_progress(manifest: dict | None, stale: bool) -> str:
     if manifest is None:
         return "startup (no manifest yet)"
     running = [k for k in manifest.get("mlflow", {}) if k.count("/") == 1 and k.split("/")[1] in PHASES
-               and f"{int(k[6:9]):03d}/{k.split('/')[1]}" not in manifest.get("phases", {})]
+               and k not in manifest.get("phases", {})]
     done = sorted(manifest.get("phases", {}))
     if not running:
         return f"between phases (after {done[-1]})" if done else "startup (before round 0)"
@@ -133,12 +133,13 @@ def phase_in_progress(manifest: dict | None, stale: bool) -> str:
 
 
 def compare_shards(ref_dir: Path, run_dir: Path, rounds: int) -> list[str]:
-    from pipeline.replay import read_shard, shard_path
+    from pipeline.replay import read_shard
+    from pipeline.rundir import RunDir
 
     problems = []
     for r in range(rounds + 1):
         try:
-            a, b = read_shard(shard_path(ref_dir, r)), read_shard(shard_path(run_dir, r))
+            a, b = read_shard(RunDir(ref_dir).shard(r)), read_shard(RunDir(run_dir).shard(r))
         except (FileNotFoundError, ValueError) as e:
             problems.append(f"shard r{r}: {e}")
             continue

@@ -14,8 +14,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -215,24 +213,12 @@ def _whole_weights(model: PreTrainedModel):
 
 
 def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*"):  # left by a process killed while saving
-        shutil.rmtree(stale, ignore_errors=True)
+    from pipeline.rundir import atomic_path
+
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_path(path, directory=True) as tmp:  # the old checkpoint stays whole until the new one is in
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "igrpo.json").write_text(json.dumps({"complete": True}))
-        if path.exists():  # two renames: the old checkpoint stays whole until the new one is in place
-            old = path.with_name(f".{path.name}.old")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
-from pipeline.fsutil import write_json_atomic
 from pipeline.problems import Problem, ProblemSet
-from pipeline.replay import ReplayBuffer, shard_path, write_shard
+from pipeline.replay import ReplayBuffer, write_shard
+from pipeline.rundir import RunDir, write_json_atomic
 from pipeline.steps import split_steps, step_prefixes
 
 # completer(texts, n) -> n continuations of each text: the batched generation stream.
@@ -205,6 +205,6 @@ def run_collection_phase(
         se = [r["se_labels"] for r in rows]
         metrics["collect/he_gold_agreement"] = agreement(he, gold)
         metrics["collect/se_gold_agreement"] = agreement(se, gold)
-    path = write_shard(rows, shard_path(run_dir, round_index))
-    write_json_atomic(path.with_name("collect.json"), metrics)
+    path = write_shard(rows, RunDir(run_dir).shard(round_index))
+    write_json_atomic(RunDir(run_dir).collect_json(round_index), metrics)
     return CollectResult(path, metrics)

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from pipeline.evaluate import plot_pass_maj
-from pipeline.fsutil import read_json
+from pipeline.rundir import read_json
 
 
 def rounds_from_run_dir(run_dir: Path) -> dict[int, dict[str, float]]:

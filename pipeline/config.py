@@ -474,6 +474,19 @@ def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def resumed_config_diff(stored: dict, current: PipelineConfig) -> list[str]:
+    """`config_diff` of a resumed run's stored config against `current`, the stored one read by today's model.
+
+    So a field added since (stored without it, at its default now) or read under an old name is no change.
+    A stored config today's model refuses (a field since removed) is compared as it was stored.
+    """
+    try:
+        stored = PipelineConfig.model_validate(stored).model_dump(mode="json")
+    except ValidationError:
+        pass
+    return config_diff(stored, current.model_dump(mode="json"))
+
+
 def config_reference() -> str:
     """The README's config reference: one table per section, from the fields' defaults and descriptions.
 

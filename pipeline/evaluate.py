@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from pipeline.rundir import atomic_path
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -231,15 +232,8 @@ def plot_pass_maj(curves: dict[str, dict[str, float]], path: str | os.PathLike) 
     axes[1].legend()
     fig.tight_layout()
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=120)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
     return path
 
 

@@ -1,16 +1,16 @@
-"""The GRPO and reward-model phases under `accelerate launch`: DDP or DeepSpeed ZeRO over several processes.
+"""The launchable phases (`pipeline.rounds.PHASES`: policy, reward_model) under `accelerate launch`: DDP or ZeRO.
 
-With `launcher.kind: accelerate`, `launch_phase` (in the pipeline's process) writes the config and the
-phase's arguments to a work directory and starts
+With `launcher.kind: accelerate`, `launch_phase` (in the pipeline's process) writes the config, the
+phase's arguments and its MLflow run ids to a work directory and starts
 
     python -m accelerate.commands.launch --config_file F [--num_processes N] -m pipeline.launch WORK_DIR
 
-Every process runs `main`, which calls the same function as the in-process path (`run_policy_phase`,
-`run_reward_model_phase`); TRL and transformers' Trainer split the batches and gather what they need. The
+Every process runs `main`, which calls the same phase function as the in-process path
+(`pipeline.rounds.execute`); TRL and transformers' Trainer split the batches and gather what they need. The
 main process writes the phase's result to `WORK_DIR/result.json` (atomically), which `launch_phase` reads
-back. MLflow: the phase's run id, the tracking URI and the experiment travel in the environment
-(`MLFLOW_RUN_ID`, `MLFLOW_TRACKING_URI`, `MLFLOW_EXPERIMENT_ID`); the main process makes the run active
-around the trainer, as the in-process path does, so Trainer's own metrics land in the round's phase run.
+back. MLflow: the tracking URI and the experiment travel in the environment, the run ids in the request;
+the main process makes the runs active around the trainers, as the in-process path does, so Trainer's own
+metrics land in the round's phase run (or each trained model's run).
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from pipeline.config import LauncherConfig, PipelineConfig, accelerate_config_path, config_from_dict
-from pipeline.fsutil import read_json, write_json_atomic
+from pipeline.rundir import read_json, write_json_atomic
 
-PHASES = ("policy", "reward_model")
+if TYPE_CHECKING:
+    from pipeline.rounds import PhaseResult, PhaseRuns
+
 LOG_TAIL_LINES = 40
 
 
@@ -81,87 +83,56 @@ def _children_output(log: str) -> list[str]:
     return lines
 
 
-def launch_phase(
-    cfg: PipelineConfig,
-    phase: str,
-    kwargs: dict[str, Any],
-    work_dir: str | Path,
-    mlflow_run: str | None = None,
-    sub_runs: dict[str, str] | None = None,
-) -> dict:
-    """Run `phase` ('policy' or 'reward_model') under `accelerate launch`; return the result its main process wrote.
+def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_dir: str | Path,
+                 runs: PhaseRuns) -> PhaseResult:
+    """Run a launchable phase of `pipeline.rounds.PHASES` under `accelerate launch`; return its main process's result.
 
     Args:
-        kwargs: the phase function's arguments after `cfg` (paths as strings, JSON-serialisable).
+        kwargs: the phase function's arguments (paths as strings, JSON-serialisable).
         work_dir: holds the request, the result and `launch.log`, the processes' output.
-        mlflow_run: the phase's MLflow run (the policy phase logs into it).
-        sub_runs: reward-model kind -> its MLflow run (the reward-model phase logs each trainer into its own).
+        runs: the phase's `PhaseRuns` (MLflow run ids); the main process logs into them.
     """
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    from pipeline.rounds import PHASES, PhaseResult  # noqa: F811 (the runtime import of the type above)
+
+    if not PHASES[phase].launchable:
+        raise ValueError(f"phase must be one of {[p for p, d in PHASES.items() if d.launchable]}, got {phase!r}")
     check_launchable(cfg.launcher)
     import mlflow
 
     work_dir = Path(work_dir)
     result = work_dir / "result.json"
     result.unlink(missing_ok=True)  # a stale result from a killed attempt must not pass for this one
+    run_ids = {"run_id": runs.run_id, "models": runs.models, "pipeline": runs.pipeline}
     write_json_atomic(work_dir / "request.json", {
-        "config": cfg.model_dump(mode="json"), "phase": phase, "kwargs": kwargs, "sub_runs": sub_runs or {},
+        "config": cfg.model_dump(mode="json"), "phase": phase, "kwargs": kwargs, "runs": run_ids,
     })
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri()}
     env.pop("MLFLOW_RUN_ID", None)
-    if mlflow_run:
-        env["MLFLOW_RUN_ID"] = mlflow_run
-        env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(mlflow_run).info.experiment_id
+    if runs.run_id:
+        env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(runs.run_id).info.experiment_id
     cmd = launch_command(cfg.launcher, ["-m", "pipeline.launch", str(work_dir)])
     run_logged(cmd, work_dir / "launch.log", env, f"the {phase} phase")
     if not result.exists():
         raise LaunchError(f"the {phase} phase exited without writing {result}; see {work_dir / 'launch.log'}")
-    return read_json(result)
-
-
-# --- inside each launched process --------------------------------------------------------------------
-
-
-def _policy(cfg: PipelineConfig, kwargs: dict, run_id: str | None, sub_runs: dict, main: bool) -> dict:
-    from pipeline import tracking
-    from pipeline.policy import run_policy_phase
-    from pipeline.problems import problem_set_from_config
-
-    with tracking.active(run_id if main else None):
-        res = run_policy_phase(cfg, problem_set_from_config(cfg), report_to="mlflow" if run_id else "none", **kwargs)
-    return {"path": str(res.policy_path), "metrics": res.metrics}
-
-
-def _reward_model(cfg: PipelineConfig, kwargs: dict, run_id: str | None, sub_runs: dict, main: bool) -> dict:
-    from pipeline import tracking
-    from pipeline.reward_model import run_reward_model_phase
-
-    res = run_reward_model_phase(
-        cfg, report_to="mlflow" if sub_runs else "none",
-        run_context=lambda kind: tracking.active(sub_runs.get(kind) if main else None), **kwargs,
-    )
-    return {"paths": {k: str(v) for k, v in res.paths.items()}, "metrics": res.metrics}
-
-
-ENTRIES = {"policy": _policy, "reward_model": _reward_model}
+    return PhaseResult.from_manifest(read_json(result))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of each launched process: `python -m pipeline.launch WORK_DIR`."""
+    from pipeline.rounds import PhaseRuns, execute
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
         raise SystemExit("usage: python -m pipeline.launch WORK_DIR (started by pipeline.launch.launch_phase)")
     work_dir = Path(argv[0])
     request = read_json(work_dir / "request.json")
     cfg = config_from_dict(request["config"], check_trl=False)  # checked in full by the parent
-    # Made active explicitly below, on the main process only: left in the environment, Trainer's MLflow
-    # callback would start it a second time while it is active.
-    run_id = os.environ.pop("MLFLOW_RUN_ID", None)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    result = ENTRIES[request["phase"]](cfg, request["kwargs"], run_id, request["sub_runs"], main_process)
+    # Only the main process logs: its runs are made active around the trainers, as in the pipeline's process.
+    runs = PhaseRuns(**request["runs"], logging=main_process)
+    result = execute(cfg, request["phase"], runs, request["kwargs"])
     if main_process:
-        write_json_atomic(work_dir / "result.json", result)
+        write_json_atomic(work_dir / "result.json", result.to_manifest())
     with contextlib.suppress(Exception):  # the group may already be gone; nothing is left to synchronise
         import torch.distributed as dist
 

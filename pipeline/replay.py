@@ -8,8 +8,8 @@ draws that fraction, exactly and reproducibly.
 Every row keeps its provenance (round, the policy checkpoint that sampled it) and both Math-Shepherd step
 labels (hard and soft estimation), so a later round can retrain on either without relabelling.
 
-Shards are written atomically (temp file in the same directory, then `os.replace`), so a crash never
-leaves a half-written shard where a finished one is expected.
+Shards are written atomically (`rundir.atomic_path`), so a crash never leaves a half-written shard where a
+finished one is expected.
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ from __future__ import annotations
 import math
 import os
 import random
-import re
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SHARD_NAME = "samples.parquet"
+from pipeline.rundir import RunDir, atomic_path
 
 SHARD_SCHEMA = pa.schema(
     [
@@ -45,20 +43,7 @@ SHARD_SCHEMA = pa.schema(
     ]
 )
 
-_ROUND_DIR = re.compile(r"round-(\d{3,})")
 _STEP_LABEL_COLUMNS = ("he_labels", "se_labels")
-
-
-def round_dir(run_dir: str | os.PathLike, round: int) -> Path:
-    """`run_dir/round-XXX`, XXX the round with 3 digits (more past 999): where a round's outputs live."""
-    if isinstance(round, bool) or not isinstance(round, int) or round < 0:
-        raise ValueError(f"round must be an integer >= 0, got {round!r}")
-    return Path(run_dir) / f"round-{round:03d}"
-
-
-def shard_path(run_dir: str | os.PathLike, round: int) -> Path:
-    """`run_dir/round-XXX/samples.parquet`."""
-    return round_dir(run_dir, round) / SHARD_NAME
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -125,7 +110,7 @@ def write_shard(rows: list[dict], path: str | os.PathLike) -> Path:
     Args:
         rows: one dict per sample, exactly the columns of `SHARD_SCHEMA`; `he_labels` and `se_labels`
             hold one label per entry of `steps`.
-        path: the shard's path, usually `shard_path(run_dir, round)`; parent directories are created.
+        path: the shard's path, usually `RunDir(run_dir).shard(round)`; parent directories are created.
 
     Returns:
         `path` as a `Path`.
@@ -140,18 +125,8 @@ def write_shard(rows: list[dict], path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
 
-    # Same directory as the target, so os.replace is a rename on one filesystem (atomic on POSIX).
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            pq.write_table(table, handle)
-            handle.flush()
-            os.fsync(handle.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
     return path
 
 
@@ -194,18 +169,12 @@ class ReplayBuffer:
 
     def rounds(self) -> list[int]:
         """The rounds that have a shard, sorted."""
-        if not self.run_dir.is_dir():
-            return []
-        found = []
-        for child in self.run_dir.iterdir():
-            match = _ROUND_DIR.fullmatch(child.name)
-            if match and (child / SHARD_NAME).is_file():
-                found.append(int(match.group(1)))
-        return sorted(found)
+        run = RunDir(self.run_dir)
+        return [r for r in run.rounds() if run.shard(r).is_file()]
 
     def read(self, round: int) -> list[dict]:
         """The rows of one round's shard."""
-        return read_shard(shard_path(self.run_dir, round))
+        return read_shard(RunDir(self.run_dir).shard(round))
 
     def history(self, before_round: int) -> list[dict]:
         """All rows of the shards of rounds < `before_round`, in round order, then file order."""

@@ -24,8 +24,9 @@ from transformers import Trainer, TrainingArguments
 from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora
 from pipeline.config import PipelineConfig, device_defaults
-from pipeline.replay import ReplayBuffer, round_dir
+from pipeline.replay import ReplayBuffer
 from pipeline.rewards import OrmScorer, PrmScorer, aggregate
+from pipeline.rundir import RunDir
 from pipeline.steps import char_to_token_ends, step_char_ends
 
 
@@ -265,7 +266,7 @@ def run_reward_model_phase(
             paths[kind] = Path(prev)
         else:
             warm = bool(rm.warm_start and prev)
-            out = round_dir(run_dir, round_index) / "reward_model" / kind
+            out = RunDir(run_dir).reward_model(round_index, kind)
             with (run_context(kind) if run_context else contextlib.nullcontext()):
                 paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to,
                                                  callbacks)

@@ -1,162 +1,278 @@
-"""Each phase of a round, run once: outputs recorded in the manifest, metrics in the phase's MLflow run.
+"""DeepSeekMath's Algorithm 1 (§4.2, iterative RL) over a registry of phases, each run once and recorded.
 
-Round 0: policy = SFT bootstrap (or the given model); rounds r >= 1: policy = GRPO from round r-1's
-policy against round r-1's reward models. Then collect -> reward_model -> eval, as in DESIGN.md.
+`run_round` is one round of the algorithm, written as data flow between phases: round 0 bootstraps the
+policy (SFT, or the given model), round r trains it with GRPO against round r-1's reward models; then
+collect -> reward_model -> eval. `PHASES` declares each phase: its function, whether it may run under
+`accelerate launch`, and how it logs to MLflow. `run_phase` runs a phase unless the manifest records it
+done, so running the rounds again resumes a killed run. The Prefect flow (`flows/iterative.py`) passes its
+task wrapper as `step`; nothing here imports Prefect.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from pipeline import tracking
-from pipeline.config import PipelineConfig
-from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
-from pipeline.fsutil import read_json, write_json_atomic
+from pipeline.config import PipelineConfig, resumed_config_diff
 from pipeline.problems import problem_set_from_config
-from pipeline.replay import round_dir
-from pipeline.runner import Manifest, phase_run, sub_run
+from pipeline.rundir import Manifest, RunDir, RunDirError, phase_key, read_json
+
+# --------------------------------------------------------------------------------------- phase records
 
 
-def run_phase(cfg: PipelineConfig, r: int, phase: str) -> dict:
-    """Run `phase` of round `r` unless the manifest says it is done; return its recorded output."""
-    manifest = Manifest.load(cfg.run_dir)
-    if manifest.done(r, phase):
-        return manifest.output(r, phase)
-    run_id = phase_run(manifest, r, phase)
-    # The reward-model phase trains two models: each gets a run of its own below the phase's run,
-    # since MLflow refuses the same param with two values in one run.
-    with tracking.active(run_id if phase != "reward_model" else None):
-        output = PHASE_FUNCS[phase](cfg, manifest, r, "mlflow")
-    metrics = output.get("metrics", {})
-    tracking.log_metrics(run_id, metrics)
-    tracking.log_metrics(manifest.data["mlflow"]["parent"], metrics, step=r)  # cross-round curves
-    tracking.finish(run_id)
-    manifest = Manifest.load(cfg.run_dir)
-    manifest.record(r, phase, output)
-    return output
+@dataclass(frozen=True)
+class PhaseResult:
+    """What a finished phase records in the manifest: its output(s) and metrics."""
+
+    metrics: dict[str, float]
+    path: str | None = None  # its one output: a checkpoint, a shard, eval.json
+    paths: dict[str, str] | None = None  # or one checkpoint per trained model, by kind
+    versions: dict[str, str] | None = None  # MLflow model versions registered, by kind
+
+    def to_manifest(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_manifest(cls, data: dict) -> PhaseResult:
+        return cls(**data)
 
 
-def _policy(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
-    out = round_dir(cfg.run_dir, r) / "policy"
-    if r == 0:
-        from pipeline.bootstrap import run_bootstrap
+@dataclass(frozen=True)
+class PhaseRuns:
+    """The MLflow runs a phase logs into: its own, one per trained model, and the pipeline's (cross-round)."""
 
-        res = run_bootstrap(cfg, out)
-        return {"path": str(res.policy_path), "metrics": res.metrics}
-    prev_rms = manifest.output(r - 1, "reward_model")["paths"]
-    kwargs = {"policy_path": manifest.output(r - 1, "policy")["path"], "out_dir": str(out), "round_index": r,
-              "reward_model_path": prev_rms.get("prm"), "orm_path": prev_rms.get("orm")}
-    if cfg.launcher.kind == "accelerate":
-        from pipeline.launch import launch_phase
+    run_id: str | None = None
+    models: dict[str, str] = field(default_factory=dict)
+    pipeline: str | None = None
+    logging: bool = True  # False on the other processes of `accelerate launch`: only the main one logs
 
-        run_id = manifest.mlflow_run(f"round-{r:03d}/policy")
-        return launch_phase(cfg, "policy", kwargs, _launch_dir(cfg, r, "policy"), mlflow_run=run_id)
+    @property
+    def report_to(self) -> str:
+        return "mlflow" if self.run_id or self.models else "none"
+
+    def active(self):
+        """The phase's run made active around its body; not for phases with a run per model."""
+        return tracking.active(self.run_id if self.logging and not self.models else None)
+
+    def model(self, kind: str):
+        """The run of one trained model made active (MLflow refuses one param with two values in one run)."""
+        return tracking.active(self.models.get(kind) if self.logging else None)
+
+
+# --------------------------------------------------------------------------------------------- phases
+
+
+def _bootstrap(cfg: PipelineConfig, runs: PhaseRuns, round_index: int) -> PhaseResult:
+    """π_0: SFT on the gold solutions (or the given model as it is)."""
+    from pipeline.bootstrap import run_bootstrap
+
+    res = run_bootstrap(cfg, RunDir(cfg.run_dir).policy(round_index))
+    return PhaseResult(res.metrics, path=str(res.policy_path))
+
+
+def _grpo(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
+          reward_models: dict[str, str]) -> PhaseResult:
+    """GRPO from `policy` against `reward_models`, the reference model reset to `policy`."""
     from pipeline.policy import run_policy_phase
 
-    res = run_policy_phase(cfg, problem_set_from_config(cfg), report_to=report_to, **kwargs)
-    return {"path": str(res.policy_path), "metrics": res.metrics}
+    res = run_policy_phase(cfg, problem_set_from_config(cfg), policy, RunDir(cfg.run_dir).policy(round_index),
+                           round_index, reward_model_path=reward_models.get("prm"), orm_path=reward_models.get("orm"),
+                           report_to=runs.report_to)
+    return PhaseResult(res.metrics, path=str(res.policy_path))
 
 
-def _launch_dir(cfg: PipelineConfig, r: int, phase: str):
-    """Where a launched phase's request, result and log live (`round-XXX/.launch-<phase>`)."""
-    return round_dir(cfg.run_dir, r) / f".launch-{phase}"
-
-
-def _collect(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
+def _collect(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str) -> PhaseResult:
     from pipeline.collect import run_collection_phase
 
-    res = run_collection_phase(cfg, problem_set_from_config(cfg), manifest.output(r, "policy")["path"], cfg.run_dir, r)
-    return {"path": str(res.shard_path), "metrics": res.metrics}
+    res = run_collection_phase(cfg, problem_set_from_config(cfg), policy, cfg.run_dir, round_index)
+    return PhaseResult(res.metrics, path=str(res.shard_path))
 
 
-def _reward_model(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
-    from pipeline.reward_model import RewardModelResult, run_reward_model_phase
+def _reward_model(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
+                  previous: dict[str, str] | None = None) -> PhaseResult:
+    from pipeline.reward_model import run_reward_model_phase
 
-    previous = manifest.output(r - 1, "reward_model")["paths"] if r > 0 else None
-    if cfg.launcher.kind == "accelerate":
+    res = run_reward_model_phase(cfg, cfg.run_dir, round_index, policy, previous, report_to=runs.report_to,
+                                 run_context=runs.model)
+    return PhaseResult(res.metrics, paths={k: str(v) for k, v in res.paths.items()})
+
+
+def _trained_rms(cfg: PipelineConfig, round_index: int) -> list[str]:
+    """The RMs a round trains (none after round 0 when they are frozen): each gets an MLflow run."""
+    return list(cfg.reward_model.kinds) if cfg.reward_model.retrain or round_index == 0 else []
+
+
+def _eval(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str, reward_models: dict[str, str],
+          trained_against: dict[str, str], shard: str) -> PhaseResult:
+    from pipeline.eval_phase import plot_rounds, run_eval_phase
+
+    run = RunDir(cfg.run_dir)
+    res = run_eval_phase(cfg, policy, round_index, reward_models, trained_against, shard,
+                         json_path=run.eval_json(round_index), plot_path=run.eval_plot(round_index))
+    tracking.log_artifact(runs.run_id, res.plot_path)
+    curves = {q: read_json(run.eval_json(q))["curve"] for q in run.rounds()
+              if q <= round_index and run.eval_json(q).exists()}
+    tracking.log_artifact(runs.pipeline, plot_rounds(curves, run.rounds_plot))
+    return PhaseResult(res.metrics, path=str(res.json_path))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase of a round, declared: what runs, where it may run, how it logs to MLflow."""
+
+    name: str
+    run: Callable[..., PhaseResult]  # run(cfg, runs, round_index, **inputs); inputs are paths (JSON)
+    first: Callable[..., PhaseResult] | None = None  # what round 0 runs instead, if anything (Algorithm 1's π_0)
+    launchable: bool = False  # `run` goes under `accelerate launch` with `launcher.kind: accelerate`
+    models: Callable[[PipelineConfig, int], list[str]] | None = None  # one MLflow run per model it trains
+    registers: bool = False  # its checkpoints become MLflow model versions `<experiment>-<kind>`
+
+
+PHASES: dict[str, Phase] = {p.name: p for p in (
+    Phase("policy", _grpo, first=_bootstrap, launchable=True),
+    Phase("collect", _collect),
+    Phase("reward_model", _reward_model, launchable=True, models=_trained_rms, registers=True),
+    Phase("eval", _eval),
+)}
+
+
+# ------------------------------------------------------------------------------------------ Algorithm 1
+
+Step = Callable[..., PhaseResult]  # step(round_index, phase, **inputs)
+
+
+def run_round(cfg: PipelineConfig, r: int, step: Step | None = None) -> dict[str, PhaseResult]:
+    """Round `r` of Algorithm 1. `step` runs one phase (default `run_phase`; the flow gives a Prefect task)."""
+    step = step or (lambda round_index, name, **inputs: run_phase(cfg, round_index, name, **inputs))
+    if r == 0:  # π_0 (the policy phase's `first`): SFT on the gold solutions; the RMs start from its backbone
+        policy = step(r, "policy")
+        previous_rms = None
+    else:  # GRPO from π_{r-1} against round r-1's RMs, the reference model reset to π_{r-1}
+        before = recorded_round(cfg, r - 1)
+        previous_rms = before["reward_model"].paths
+        policy = step(r, "policy", policy=before["policy"].path, reward_models=previous_rms)
+    shard = step(r, "collect", policy=policy.path)
+    rms = step(r, "reward_model", policy=policy.path, previous=previous_rms)  # warm start, new shard + replay
+    ev = step(r, "eval", policy=policy.path, reward_models=rms.paths, shard=shard.path,
+              trained_against=previous_rms or rms.paths)  # the hacking monitor reads the RMs GRPO trained on
+    return {"policy": policy, "collect": shard, "reward_model": rms, "eval": ev}
+
+
+def run_rounds(cfg: PipelineConfig, round_fn: Callable[[int], object] | None = None) -> None:
+    """Rounds 0..`run.rounds` in order (`round_fn(r)` default: `run_round`; the flow gives a subflow)."""
+    round_fn = round_fn or (lambda q: run_round(cfg, q))
+    for r in range(cfg.run.rounds + 1):
+        round_fn(r)
+
+
+def recorded_round(cfg: PipelineConfig, r: int) -> dict[str, PhaseResult]:
+    """The recorded results of a finished round's phases."""
+    manifest = Manifest.load(cfg.run_dir)
+    return {name: PhaseResult.from_manifest(manifest.output(r, name)) for name in PHASES}
+
+
+# ------------------------------------------------------------------------------------------ one phase
+
+
+def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> PhaseResult:
+    """Run phase `name` of round `round_index` unless the manifest records it done; record and return it."""
+    manifest = Manifest.load(cfg.run_dir)
+    if manifest.done(round_index, name):
+        return PhaseResult.from_manifest(manifest.output(round_index, name))
+    phase = PHASES[name]
+    runs = phase_runs(manifest, cfg, round_index, phase)
+    kwargs = {"round_index": round_index, **inputs}
+    if phase.launchable and cfg.launcher.kind == "accelerate" and _body(phase, round_index) is phase.run:
         from pipeline.launch import launch_phase
 
-        kwargs = {"run_dir": str(cfg.run_dir), "round_index": r, "policy_path": manifest.output(r, "policy")["path"],
-                  "previous": previous}
-        sub_runs = {kind: sub_run(manifest, r, "reward_model", kind) for kind in cfg.reward_model.kinds}
-        res = launch_phase(cfg, "reward_model", kwargs, _launch_dir(cfg, r, "reward_model"), sub_runs=sub_runs)
-        res = RewardModelResult({k: Path(v) for k, v in res["paths"].items()}, res["metrics"])
+        result = launch_phase(cfg, name, kwargs, RunDir(cfg.run_dir).launch(round_index, name), runs)
     else:
-        res = run_reward_model_phase(
-            cfg, cfg.run_dir, r, manifest.output(r, "policy")["path"], previous, report_to=report_to,
-            run_context=lambda kind: tracking.active(sub_run(manifest, r, "reward_model", kind)),
+        result = execute(cfg, name, runs, kwargs)
+    if phase.registers:
+        result = dataclasses.replace(result, versions=_register(cfg, runs, round_index, result.paths or {}))
+    tracking.log_metrics(runs.run_id, result.metrics)
+    tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
+    tracking.finish(runs.run_id)
+    manifest = Manifest.load(cfg.run_dir)
+    manifest.record(round_index, name, result.to_manifest())
+    return result
+
+
+def execute(cfg: PipelineConfig, name: str, runs: PhaseRuns, kwargs: dict) -> PhaseResult:
+    """A phase's body in this process (the pipeline's, or each process of `accelerate launch`)."""
+    with runs.active():
+        return _body(PHASES[name], kwargs["round_index"])(cfg, runs, **kwargs)
+
+
+def _body(phase: Phase, round_index: int) -> Callable[..., PhaseResult]:
+    return phase.first if round_index == 0 and phase.first else phase.run
+
+
+def _register(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, paths: dict[str, str]) -> dict[str, str]:
+    if not cfg.tracking.register_models:
+        return {}
+    return {kind: tracking.register_checkpoint(runs.run_id, path, f"{cfg.tracking.experiment}-{kind}", round_index,
+                                               runs.pipeline) for kind, path in paths.items()}
+
+
+def phase_runs(manifest: Manifest, cfg: PipelineConfig, round_index: int, phase: Phase) -> PhaseRuns:
+    """The phase's MLflow runs (below the round's, below the pipeline's), created once and reused on resume."""
+    pipeline = manifest.data["mlflow"]["parent"]
+    tags = {"round": str(round_index)}
+    round_run = _ensure_run(manifest, phase_key(round_index), pipeline, tags)
+    tags["phase"] = phase.name
+    run_id = _ensure_run(manifest, phase_key(round_index, phase.name), round_run, tags)
+    kinds = phase.models(cfg, round_index) if phase.models else []
+    models = {kind: _ensure_run(manifest, phase_key(round_index, phase.name, kind), run_id, tags) for kind in kinds}
+    return PhaseRuns(run_id, models, pipeline)
+
+
+def _ensure_run(manifest: Manifest, key: str, parent: str, tags: dict) -> str:
+    run_id = manifest.mlflow_run(key)
+    if run_id is None or not tracking.run_exists(run_id):
+        run_id = tracking.create_run(manifest.data["experiment_id"], key.replace("/", "-"), parent, tags)
+        manifest.set_mlflow_run(key, run_id)
+    return run_id
+
+
+# ---------------------------------------------------------------------------------------- a whole run
+
+
+def preflight(cfg: PipelineConfig) -> None:
+    """What can be checked before any work: the problem set loads, the policy spec resolves, MLflow answers.
+
+    Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
+    """
+    from models.factories import resolve_spec
+
+    problem_set_from_config(cfg)
+    if cfg.policy.model != "tiny":
+        resolve_spec(cfg.policy.model)
+    tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+
+
+def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
+    """Create the run directory's manifest, or check a resumed one against `cfg`; attach the parent MLflow run."""
+    current = cfg.model_dump(mode="json")
+    try:
+        manifest = Manifest.load(cfg.run_dir)
+    except FileNotFoundError:
+        manifest = Manifest(cfg.run_dir, {"config": current, "phases": {}, "mlflow": {}})
+    diff = resumed_config_diff(manifest.data["config"], cfg)
+    if diff and not force:
+        raise RunDirError(
+            f"{cfg.run_dir} was started with another config; differing keys:\n  " + "\n  ".join(diff)
+            + "\nUse another run.name, or --force to continue with the new config"
         )
-    versions = {}
-    if cfg.tracking.register_models:
-        run_id = manifest.mlflow_run(f"round-{r:03d}/reward_model")
-        for kind, path in res.paths.items():
-            name = f"{cfg.tracking.experiment}-{kind}"
-            versions[kind] = tracking.register_checkpoint(run_id, path, name, r, manifest.data["mlflow"]["parent"])
-    return {"paths": {k: str(v) for k, v in res.paths.items()}, "versions": versions, "metrics": res.metrics}
-
-
-def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
-    from pipeline.generation import load_sampling_model
-    from pipeline.replay import read_shard
-
-    e = cfg.eval
-    problem_set = problem_set_from_config(cfg)
-    problems = problem_set.test[: e.num_problems]
-    model, tokenizer = load_sampling_model(manifest.output(r, "policy")["path"], e.backend, e.vllm_args)
-    ev = evaluate_policy(
-        model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
-        top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + r,
-    )
-    metrics = {f"eval/{k}": v for k, v in ev.metrics.items()}
-
-    # Best-of-N with this round's RMs on the same samples, beside majority vote and a random pick.
-    rms = manifest.output(r, "reward_model")["paths"]
-    prompts = [[p.prompt] * len(t) for p, t in zip(problems, ev.texts)]
-    scorers = {kind: _scorer(path, kind, e.batch_size) for kind, path in rms.items()}
-    for n in e.best_of_n:
-        for kind, scorer in scorers.items():
-            scores = [_score(scorer, kind, ps, ts, cfg) for ps, ts in zip(prompts, ev.texts)]
-            metrics[f"bon/{kind}@{n}"] = best_of_n_accuracy(scores, ev.correct, ev.answers, n)["rm"]
-        base = best_of_n_accuracy([[0.0] * len(c) for c in ev.correct], ev.correct, ev.answers, n)
-        metrics[f"bon/majority@{n}"], metrics[f"bon/random@{n}"] = base["majority"], base["random"]
-
-    # Reward-hacking monitor: what the RM the policy trained against thinks of the fresh samples,
-    # minus what the verifier says. A growing gap: the policy exploits a stale RM.
-    trained_against = manifest.output(r - 1, "reward_model")["paths"] if r > 0 else rms
-    rows = read_shard(manifest.output(r, "collect")["path"])
-    verifier = sum(x["outcome"] for x in rows) / max(len(rows), 1)
-    for kind, path in trained_against.items():
-        scorer = scorers[kind] if path == rms.get(kind) else _scorer(path, kind, e.batch_size)
-        predicted = _score(scorer, kind, [x["prompt"] for x in rows], [x["completion"] for x in rows], cfg)
-        metrics[f"monitor/{kind}_gap"] = sum(predicted) / max(len(predicted), 1) - verifier
-
-    out_dir = round_dir(cfg.run_dir, r)
-    curve = {k: v for k, v in ev.metrics.items() if "@" in k}
-    write_json_atomic(out_dir / "eval.json", {"round": r, "metrics": metrics, "curve": curve})
-    plot = plot_pass_maj({f"round {r}": curve}, out_dir / "pass_maj.png")
-    run_id = manifest.mlflow_run(f"round-{r:03d}/eval")
-    import mlflow
-
-    mlflow.MlflowClient().log_artifact(run_id, str(plot))
-    curves = {f"round {q}": read_json(round_dir(cfg.run_dir, q) / "eval.json")["curve"] for q in range(r + 1)
-              if (round_dir(cfg.run_dir, q) / "eval.json").exists()}
-    across = plot_pass_maj(curves, cfg.run_dir / "pass_maj_rounds.png")
-    mlflow.MlflowClient().log_artifact(manifest.data["mlflow"]["parent"], str(across))
-    return {"path": str(out_dir / "eval.json"), "metrics": metrics}
-
-
-def _scorer(path: str, kind: str, batch_size: int):
-    from models import load_reward_model
-    from pipeline.rewards import OrmScorer, PrmScorer
-
-    rm, tok, _ = load_reward_model(path, expect=kind)
-    return PrmScorer(rm, tok, batch_size) if kind == "prm" else OrmScorer(rm, tok, batch_size)
-
-
-def _score(scorer, kind: str, prompts: list[str], texts: list[str], cfg: PipelineConfig) -> list[float]:
-    if kind == "prm":
-        return scorer(prompts, texts, aggregation=cfg.reward_model.aggregation)
-    return scorer(prompts, texts)
-
-
-PHASE_FUNCS = {"policy": _policy, "collect": _collect, "reward_model": _reward_model, "eval": _eval}
+    manifest.data["config"] = current
+    experiment = tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+    manifest.data["experiment_id"] = experiment
+    parent = manifest.mlflow_run("parent")
+    if parent is None or not tracking.run_exists(parent):
+        parent = tracking.create_run(experiment, cfg.run.name, tags={"igrpo.run_dir": str(cfg.run_dir.resolve())})
+        tracking.log_params(parent, tracking.flatten(current))
+        manifest.data["mlflow"]["parent"] = parent
+    manifest.save()
+    return manifest

@@ -82,6 +82,21 @@ def log_params(run_id: str, params: dict[str, Any]) -> None:
         client.log_param(run_id, k, v)
 
 
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted params: {"grpo": {"beta": 0.04}} -> {"grpo.beta": 0.04}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def log_artifact(run_id: str, path: str | Path) -> None:
+    MlflowClient().log_artifact(run_id, str(path))
+
+
 def finish(run_id: str, status: str = "FINISHED") -> None:
     MlflowClient().set_terminated(run_id, status)
 

@@ -19,7 +19,8 @@ from pipeline.collect import (
 )
 from pipeline.problems import EmbeddedArithmetic, Problem
 from pipeline.problems.arithmetic import format_prompt, format_solution
-from pipeline.replay import shard_path, write_shard
+from pipeline.replay import write_shard
+from pipeline.rundir import RunDir
 from pipeline.steps import split_steps
 
 N = 4  # rollouts per step prefix
@@ -261,11 +262,11 @@ def test_draw_prompts_uses_fresh_prompts_until_the_pool_runs_out(tmp_path):
 
     r0 = draw_prompts(ARITH, tmp_path, 0, 5, seed=0)
     assert len(r0) == 5 and len({p.id for p in r0}) == 5
-    write_shard(shard_rows(r0, 0), shard_path(tmp_path, 0))
+    write_shard(shard_rows(r0, 0), RunDir(tmp_path).shard(0))
 
     r1 = draw_prompts(ARITH, tmp_path, 1, 5, seed=0)
     assert not {p.id for p in r1} & {p.id for p in r0}  # no repeat while fresh ones remain
-    write_shard(shard_rows(r1, 1), shard_path(tmp_path, 1))
+    write_shard(shard_rows(r1, 1), RunDir(tmp_path).shard(1))
 
     # Round 2 wants 5 but only 12 - 10 = 2 are fresh: both fresh ones first, then 3 seen ones, no duplicates.
     r2 = draw_prompts(ARITH, tmp_path, 2, 5, seed=0)
@@ -286,7 +287,7 @@ def test_draw_prompts_is_reproducible_and_ignores_later_shards(tmp_path):
     first = draw_prompts(ARITH, tmp_path, 1, 4, seed=7)
     assert [p.id for p in draw_prompts(ARITH, tmp_path, 1, 4, seed=7)] == [p.id for p in first]
     # A resumed round 1 after its own shard was written draws the same prompts: only rounds < 1 count.
-    write_shard(shard_rows(first, 1), shard_path(tmp_path, 1))
+    write_shard(shard_rows(first, 1), RunDir(tmp_path).shard(1))
     assert [p.id for p in draw_prompts(ARITH, tmp_path, 1, 4, seed=7)] == [p.id for p in first]
     # Another seed draws another order.
     assert [p.id for p in draw_prompts(ARITH, tmp_path, 1, 4, seed=8)] != [p.id for p in first]

@@ -15,9 +15,9 @@ import yaml
 from mlflow import MlflowClient
 
 from pipeline.config import config_from_dict
-from pipeline.fsutil import read_json
-from pipeline.replay import read_shard, shard_path
-from pipeline.runner import PHASES
+from pipeline.replay import read_shard
+from pipeline.rounds import PHASES
+from pipeline.rundir import RunDir, phase_key, read_json
 from pipeline.tracking import PARENT_TAG
 from tests.conftest import mini_config
 
@@ -40,10 +40,10 @@ def mlflow_structure(experiment: str) -> dict:
 def assert_complete_run(cfg, experiment: str) -> None:
     run_dir = cfg.run_dir
     manifest = read_json(run_dir / "manifest.json")
-    assert set(manifest["phases"]) == {f"{r:03d}/{p}" for r in range(ROUNDS + 1) for p in PHASES}
+    assert set(manifest["phases"]) == {phase_key(r, p) for r in range(ROUNDS + 1) for p in PHASES}
     # Each shard holds exactly M prompts x G samples of its own round.
     for r in range(ROUNDS + 1):
-        rows = read_shard(shard_path(run_dir, r))
+        rows = read_shard(RunDir(run_dir).shard(r))
         assert len(rows) == cfg.collect.prompts_per_round * cfg.collect.samples_per_prompt
         assert {x["round"] for x in rows} == {r}
         assert len({(x["prompt_id"], x["sample_index"]) for x in rows}) == len(rows)
@@ -108,7 +108,7 @@ def test_sigkill_mid_phase_then_resume(tmp_path, prefect_harness, mlflow_tmp):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-sub"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     # A session of its own: the ephemeral Prefect server it starts is killed with its group afterwards.
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(path)], env=env, cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(path)], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     manifest_path = cfg.run_dir / "manifest.json"
     deadline = time.time() + 400

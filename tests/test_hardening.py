@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline.cli import main
+from flows.cli import main
 from pipeline.config import config_from_dict
-from pipeline.fsutil import read_json
+from pipeline.rundir import read_json
 from tests.conftest import mini_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,7 +181,7 @@ def test_gsm8k_test_question_in_train_names_it(tmp_path, capsys):
 
 def test_good_gsm8k_data_passes_preflight(tmp_path):
     # The control for the rows above: the same files, well formed, load.
-    from pipeline.runner import preflight
+    from pipeline.rounds import preflight
 
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train.write_text(row("Q1?") + "\n\n" + row("Q2?", "$1,000 in all.\n#### 1,000") + "\n")
@@ -359,9 +359,10 @@ def _enospc(*args, **kwargs):
 
 
 def test_full_disk_while_writing_a_shard_keeps_the_previous_one(tmp_path, monkeypatch):
-    from pipeline.replay import read_shard, shard_path, write_shard
+    from pipeline.replay import read_shard, write_shard
+    from pipeline.rundir import RunDir
 
-    path = shard_path(tmp_path, 0)
+    path = RunDir(tmp_path).shard(0)
     write_shard(_shard_rows(), path)
     before = path.read_bytes()
     monkeypatch.setattr(pq, "write_table", _enospc)
@@ -402,7 +403,8 @@ def test_full_disk_while_saving_a_checkpoint_keeps_the_previous_one(tmp_path, mo
     ids=["truncated", "garbage", "list", "missing-keys"],
 )
 def test_corrupted_manifest_names_file_and_way_out(tmp_path, text, why):
-    from pipeline.runner import Manifest, RunDirError, open_run
+    from pipeline.rounds import open_run
+    from pipeline.rundir import Manifest, RunDirError
 
     cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
     cfg.run_dir.mkdir(parents=True)
@@ -436,7 +438,7 @@ def test_second_run_on_a_directory_in_use_is_refused(tmp_path, capsys, prefect_h
 
 
 def test_lock_of_a_live_process_is_refused_by_run_lock(tmp_path):
-    from pipeline.runner import RunDirError, run_lock
+    from pipeline.rundir import RunDirError, run_lock
 
     holder = subprocess.Popen(["sleep", "300"])
     try:
@@ -451,7 +453,7 @@ def test_lock_of_a_live_process_is_refused_by_run_lock(tmp_path):
 
 @pytest.mark.parametrize("content", ["dead", "", "not a pid"])
 def test_stale_lock_is_taken_over(tmp_path, content):
-    from pipeline.runner import run_lock
+    from pipeline.rundir import run_lock
 
     if content == "dead":
         gone = subprocess.Popen(["true"])
@@ -465,7 +467,8 @@ def test_stale_lock_is_taken_over(tmp_path, content):
 
 
 def test_changed_config_on_resume_is_refused_unless_forced(tmp_path):
-    from pipeline.runner import RunDirError, open_run
+    from pipeline.rounds import open_run
+    from pipeline.rundir import RunDirError
 
     first = config_from_dict(mini_config(tmp_path), check_trl=False)
     manifest = open_run(first)
@@ -499,7 +502,7 @@ def test_changed_config_on_resume_is_refused_unless_forced(tmp_path):
 KILL_POINTS = {
     "collect": ("pipeline.collect", "write_shard", "round-001/samples.parquet"),
     "reward_model": ("pipeline.reward_model", "save_model", "round-001/reward_model/orm"),
-    "eval": ("pipeline.rounds", "plot_pass_maj", "round-001/pass_maj.png"),
+    "eval": ("pipeline.eval_phase", "plot_pass_maj", "round-001/pass_maj.png"),
 }
 
 HOLD_THEN_RUN = """
@@ -513,7 +516,7 @@ def held(*args, **kwargs):
         time.sleep(600)  # killed here
     return real(*args, **kwargs)
 setattr(mod, name, held)
-from pipeline.cli import main
+from flows.cli import main
 sys.exit(main(["run", config]))
 """
 
@@ -553,9 +556,9 @@ def test_sigkill_in_phase_then_resume(tmp_path, prefect_harness, mlflow_tmp, pha
     assert proc.returncode == -signal.SIGKILL
     manifest_path = cfg.run_dir / "manifest.json"
     before = read_json(manifest_path)
-    assert f"round-001/{phase}" in before["mlflow"] and f"001/{phase}" not in before["phases"]  # inside the phase
+    assert f"round-001/{phase}" in before["mlflow"] and f"round-001/{phase}" not in before["phases"]  # inside the phase
     previous = {"collect": "policy", "reward_model": "collect", "eval": "reward_model"}[phase]
-    assert f"001/{previous}" in before["phases"]
+    assert f"round-001/{previous}" in before["phases"]
     assert (cfg.run_dir / ".lock").exists()  # left by the dead process
 
     iterative_rl(cfg.model_dump(mode="json"))  # resumes, taking over the stale lock

@@ -159,7 +159,7 @@ def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_pat
 
 def _run_with_round0(tmp_path, **sections):
     """A run directory whose round 0 is recorded done with a built policy and PRM (no SFT, no collection)."""
-    from pipeline.runner import open_run
+    from pipeline.rounds import open_run
 
     cfg = config_from_dict(mini_config(tmp_path, launcher={"kind": "accelerate", "config_file": CPU_2PROC},
                                        **sections))
@@ -167,28 +167,28 @@ def _run_with_round0(tmp_path, **sections):
     manifest = open_run(cfg)
     manifest.record(0, "policy", {"path": str(policy), "metrics": {}})
     manifest.record(0, "reward_model", {"paths": {"prm": str(prm)}, "metrics": {}})
-    return cfg, policy
+    return cfg, policy, prm
 
 
 def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_run(tmp_path, mlflow_tmp, monkeypatch):
     import mlflow
 
     from pipeline.rounds import run_phase
-    from pipeline.runner import Manifest
+    from pipeline.rundir import Manifest
 
     monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
     # 2 processes x 4 rows: one group of 4 per process, 2 steps.
-    cfg, start = _run_with_round0(tmp_path, grpo={"per_device_train_batch_size": 4, "max_steps": 2},
-                                  reward_model={"kinds": ["prm"]}, tracking={"tracking_uri": mlflow_tmp})
-    out = run_phase(cfg, 1, "policy")
+    cfg, start, prm = _run_with_round0(tmp_path, grpo={"per_device_train_batch_size": 4, "max_steps": 2},
+                                       reward_model={"kinds": ["prm"]}, tracking={"tracking_uri": mlflow_tmp})
+    out = run_phase(cfg, 1, "policy", policy=str(start), reward_models={"prm": str(prm)})
 
-    policy = Path(out["path"])
+    policy = Path(out.path)
     assert (policy / "config.json").exists() and (policy / "igrpo.json").exists()
     assert not any(p.name.startswith(".policy.") for p in policy.parent.iterdir())  # one writer, no leftovers
     weights = lambda p: torch.cat([t.flatten() for t in __import__("safetensors.torch").torch.load_file(  # noqa: E731
         str(p / "model.safetensors")).values()])
     assert not torch.equal(weights(policy), weights(start))  # it trained
-    assert out["metrics"]["policy/steps"] == 2.0
+    assert out.metrics["policy/steps"] == 2.0
 
     manifest = Manifest.load(cfg.run_dir)
     assert manifest.done(1, "policy")
@@ -206,13 +206,13 @@ def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_r
 def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch):
     import mlflow
 
-    from pipeline.replay import shard_path, write_shard
+    from pipeline.replay import write_shard
     from pipeline.rounds import run_phase
-    from pipeline.runner import Manifest
+    from pipeline.rundir import Manifest, RunDir
 
     monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
-    cfg, policy = _run_with_round0(tmp_path, reward_model={"kinds": ["prm", "orm"], "holdout_fraction": 0.25},
-                                   tracking={"tracking_uri": mlflow_tmp, "register_models": False})
+    cfg, policy, prm = _run_with_round0(tmp_path, reward_model={"kinds": ["prm", "orm"], "holdout_fraction": 0.25},
+                                        tracking={"tracking_uri": mlflow_tmp, "register_models": False})
     rows = [
         {"round": 1, "policy": str(policy), "prompt_id": f"p{i // 2}", "prompt": f"{i}+1=?\n", "sample_index": i % 2,
          "completion": f"{i}+1={i + 1 + i % 2}\nThe answer is {i + 1 + i % 2}\n", "answer": str(i + 1 + i % 2),
@@ -221,14 +221,14 @@ def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_
          "num_tokens": 20}
         for i in range(16)
     ]
-    write_shard(rows, shard_path(cfg.run_dir, 1))
+    write_shard(rows, RunDir(cfg.run_dir).shard(1))
     manifest = Manifest.load(cfg.run_dir)
     manifest.record(1, "policy", {"path": str(policy), "metrics": {}})
-    out = run_phase(cfg, 1, "reward_model")
+    out = run_phase(cfg, 1, "reward_model", policy=str(policy), previous={"prm": str(prm)})
 
-    assert set(out["paths"]) == {"prm", "orm"}
-    assert all((Path(p) / "config.json").exists() for p in out["paths"].values())
-    assert "prm/solution_auc" in out["metrics"] and "orm/auc" in out["metrics"]
+    assert set(out.paths) == {"prm", "orm"}
+    assert all((Path(p) / "config.json").exists() for p in out.paths.values())
+    assert "prm/solution_auc" in out.metrics and "orm/auc" in out.metrics
     manifest = Manifest.load(cfg.run_dir)
     for kind in ("prm", "orm"):
         run = mlflow.MlflowClient().get_run(manifest.mlflow_run(f"round-001/reward_model/{kind}"))

@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.replay import SHARD_SCHEMA, ReplayBuffer, read_shard, shard_path, write_shard
+from pipeline.replay import SHARD_SCHEMA, ReplayBuffer, read_shard, write_shard
+from pipeline.rundir import RunDir
 
 
 def make_row(round_: int = 0, index: int = 0, **overrides) -> dict:
@@ -32,7 +33,7 @@ def make_row(round_: int = 0, index: int = 0, **overrides) -> dict:
 
 def fill_run(run_dir, sizes: dict[int, int]) -> None:
     for r, n in sizes.items():
-        write_shard([make_row(r, i) for i in range(n)], shard_path(run_dir, r))
+        write_shard([make_row(r, i) for i in range(n)], RunDir(run_dir).shard(r))
 
 
 def test_schema_has_exactly_the_contract_columns():
@@ -43,10 +44,10 @@ def test_schema_has_exactly_the_contract_columns():
 
 
 def test_shard_path_format(tmp_path):
-    assert shard_path(tmp_path, 1) == tmp_path / "round-001" / "samples.parquet"
-    assert shard_path(tmp_path, 1234) == tmp_path / "round-1234" / "samples.parquet"
+    assert RunDir(tmp_path).shard(1) == tmp_path / "round-001" / "samples.parquet"
+    assert RunDir(tmp_path).shard(1234) == tmp_path / "round-1234" / "samples.parquet"
     with pytest.raises(ValueError, match="round must be"):
-        shard_path(tmp_path, -1)
+        RunDir(tmp_path).shard(-1)
 
 
 def test_write_read_round_trip(tmp_path):
@@ -55,7 +56,7 @@ def test_write_read_round_trip(tmp_path):
         make_row(2, 1, answer=None, gold_labels=None, outcome=0, he_labels=[1, 0, 0], se_labels=[1, 0, 0]),
         make_row(2, 2, steps=[], he_labels=[], se_labels=[], gold_labels=[]),
     ]
-    path = write_shard(rows, shard_path(tmp_path / "new" / "dirs", 2))
+    path = write_shard(rows, RunDir(tmp_path / "new" / "dirs").shard(2))
     assert path.is_file()
     back = read_shard(path)
     # Integer soft labels come back as floats; otherwise identical, in order.
@@ -88,14 +89,14 @@ def test_write_rejects_bad_rows(tmp_path, overrides, drop, match):
     bad = make_row(0, 1, **overrides)
     if drop:
         del bad[drop]
-    path = shard_path(tmp_path, 0)
+    path = RunDir(tmp_path).shard(0)
     with pytest.raises(ValueError, match=match):
         write_shard([make_row(0, 0), bad], path)
     assert not path.exists()
 
 
 def test_interrupted_write_leaves_nothing_and_keeps_previous_shard(tmp_path, monkeypatch):
-    path = shard_path(tmp_path, 1)
+    path = RunDir(tmp_path).shard(1)
     previous = [make_row(1, i) for i in range(3)]
     write_shard(previous, path)
 
@@ -113,7 +114,7 @@ def test_interrupted_write_leaves_nothing_and_keeps_previous_shard(tmp_path, mon
     assert sorted(p.name for p in path.parent.iterdir()) == ["samples.parquet"]
 
     # Same for a first write: no shard appears at all.
-    fresh = shard_path(tmp_path, 2)
+    fresh = RunDir(tmp_path).shard(2)
     with pytest.raises(OSError, match="disk full"):
         write_shard([make_row(2, 0)], fresh)
     assert list(fresh.parent.iterdir()) == []
@@ -122,11 +123,11 @@ def test_interrupted_write_leaves_nothing_and_keeps_previous_shard(tmp_path, mon
 
 def test_read_missing_shard(tmp_path):
     with pytest.raises(FileNotFoundError, match="round-004"):
-        read_shard(shard_path(tmp_path, 4))
+        read_shard(RunDir(tmp_path).shard(4))
 
 
 def test_read_shard_with_missing_column(tmp_path):
-    path = shard_path(tmp_path, 1)
+    path = RunDir(tmp_path).shard(1)
     path.parent.mkdir(parents=True)
     table = pa.Table.from_pylist([make_row(1, 0)], schema=SHARD_SCHEMA).drop_columns(["rollouts"])
     pq.write_table(table, path)
@@ -135,7 +136,7 @@ def test_read_shard_with_missing_column(tmp_path):
 
 
 def test_read_shard_with_wrong_dtype(tmp_path):
-    path = shard_path(tmp_path, 1)
+    path = RunDir(tmp_path).shard(1)
     path.parent.mkdir(parents=True)
     table = pa.Table.from_pylist([make_row(1, 0)], schema=SHARD_SCHEMA)
     index = SHARD_SCHEMA.get_field_index("outcome")
@@ -148,7 +149,7 @@ def test_read_shard_with_wrong_dtype(tmp_path):
 
 
 def test_read_shard_not_parquet(tmp_path):
-    path = shard_path(tmp_path, 0)
+    path = RunDir(tmp_path).shard(0)
     path.parent.mkdir(parents=True)
     path.write_text("not parquet")
     with pytest.raises(ValueError, match="round-000/samples.parquet: not a readable parquet shard"):

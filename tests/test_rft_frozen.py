@@ -77,7 +77,8 @@ def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, seen_advant
 def test_frozen_rm_reuses_round_0_checkpoints(tmp_path, monkeypatch):
     """retrain: false -> round 1 trains nothing and returns round 0's paths; retrain: true trains again."""
     import pipeline.reward_model as rm_mod
-    from pipeline.replay import shard_path, write_shard
+    from pipeline.replay import write_shard
+    from pipeline.rundir import RunDir
 
     trained = []
 
@@ -90,8 +91,8 @@ def test_frozen_rm_reuses_round_0_checkpoints(tmp_path, monkeypatch):
     row = {"round": 1, "policy": "p", "prompt_id": "a", "prompt": "1 +1\n", "sample_index": 0,
            "completion": "1+1=2\nAnswer: 2", "answer": "2", "steps": ["1+1=2", "Answer: 2"], "outcome": 1,
            "he_labels": [1, 1], "se_labels": [1.0, 1.0], "gold_labels": [1, 1], "rollouts": 2, "num_tokens": 15}
-    write_shard([{**row, "round": 0}], shard_path(tmp_path, 0))
-    write_shard([row], shard_path(tmp_path, 1))
+    write_shard([{**row, "round": 0}], RunDir(tmp_path).shard(0))
+    write_shard([row], RunDir(tmp_path).shard(1))
     previous = {"prm": "round-000/reward_model/prm", "orm": "round-000/reward_model/orm"}
 
     frozen = config_from_dict(mini_config(tmp_path, reward_model={"retrain": False}), check_trl=False)

@@ -18,8 +18,9 @@ from pipeline.evaluate import evaluate_policy
 from pipeline.policy import run_policy_phase
 from pipeline.problems import problem_set_from_config
 from pipeline.problems.arithmetic import answer_slip
-from pipeline.replay import ReplayBuffer, shard_path, write_shard
+from pipeline.replay import ReplayBuffer, write_shard
 from pipeline.reward_model import evaluate_reward_model, run_reward_model_phase, train_reward_model
+from pipeline.rundir import RunDir
 from tests.conftest import mini_config
 
 pytestmark = pytest.mark.slow
@@ -174,8 +175,8 @@ def test_reward_model_phase_warm_start_replay_and_holdout(setup):
     rows0, rows1 = corrupted_rows(ps, ps.train[:40], 0), corrupted_rows(ps, ps.train[40:70], 1)
     for r in rows1:
         r["round"] = 1
-    write_shard(rows0, shard_path(run_dir, 0))
-    write_shard(rows1, shard_path(run_dir, 1))
+    write_shard(rows0, RunDir(run_dir).shard(0))
+    write_shard(rows1, RunDir(run_dir).shard(1))
     r0 = run_reward_model_phase(cfg, run_dir, 0, policy)
     spy = FirstWeights()
     r1 = run_reward_model_phase(cfg, run_dir, 1, policy, previous={k: str(v) for k, v in r0.paths.items()},

@@ -1,4 +1,8 @@
-"""The `igrpo` command: the whole loop (`run`), each phase alone, `compare`, and scheduling."""
+"""The `igrpo` command: the whole loop (`run`), each phase alone, `compare`, and scheduling.
+
+The top of the house: it starts flows (`run`, `serve`, `deploy`) and single phases, so it lives in `flows/`
+and `pipeline/` never imports `flows/`.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ def _config(args) -> PipelineConfig:
 
 def cmd_run(args) -> None:
     cfg = _config(args)
-    from pipeline.runner import preflight, refuse_if_locked
+    from pipeline.rounds import preflight
+    from pipeline.rundir import refuse_if_locked
 
     preflight(cfg)  # fail fast and quietly, before Prefect starts
     refuse_if_locked(cfg.run_dir)
@@ -28,30 +33,32 @@ def cmd_run(args) -> None:
 
 def cmd_bootstrap(args) -> None:
     from pipeline.bootstrap import run_bootstrap
+    from pipeline.rundir import RunDir
 
     cfg = _config(args)
-    from pipeline.replay import round_dir
-
-    out = args.out or round_dir(cfg.run_dir, 0) / "policy"
+    out = args.out or RunDir(cfg.run_dir).policy(0)
     res = run_bootstrap(cfg, out)
     print(json.dumps({"policy": str(res.policy_path), **res.metrics}, indent=2))
 
 
 def cmd_eval(args) -> None:
-    from pipeline.evaluate import evaluate_policy
-    from pipeline.generation import load_sampling_model
-    from pipeline.problems import problem_set_from_config
+    from pipeline.eval_phase import run_eval_phase
+    from pipeline.tracking import resolve_model_uri
 
     cfg = _config(args)
-    e = cfg.eval
-    ps = problem_set_from_config(cfg)
-    model, tok = load_sampling_model(args.policy, e.backend, e.vllm_args)
-    ev = evaluate_policy(model, tok, ps, ps.test[: e.num_problems], n=e.samples_per_problem,
-                         temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens,
-                         batch_size=e.batch_size, seed=cfg.run.seed)
+    rms = {kind: resolve_model_uri(path) for kind, path in _kind_paths(args.reward_model, "--reward-model").items()}
+    res = run_eval_phase(cfg, args.policy, reward_models=rms, json_path=Path(args.out) if args.out else None)
     print(f"{'metric':<20}{'value':>10}")
-    for k, v in ev.metrics.items():
+    for k, v in res.metrics.items():
         print(f"{k:<20}{v:>10.4f}")
+
+
+def _kind_paths(pairs: list[str], option: str) -> dict[str, str]:
+    """['prm=PATH', ...] -> {'prm': 'PATH'}; a pair without '=' is a ConfigError naming the option."""
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise ConfigError(f"{option} takes KIND=PATH (e.g. prm=runs/q/round-000/reward_model/prm), got {bad[0]!r}")
+    return dict(p.split("=", 1) for p in pairs)
 
 
 def cmd_grpo(args) -> None:
@@ -79,22 +86,22 @@ def cmd_collect(args) -> None:
 
 
 def cmd_train_rm(args) -> None:
-    from pipeline.replay import round_dir
     from pipeline.reward_model import run_reward_model_phase
+    from pipeline.rundir import RunDir
     from pipeline.tracking import resolve_model_uri
 
     cfg = _config(args)
-    run_dir = Path(args.run_dir)
-    policy = args.policy or round_dir(run_dir, args.round) / "policy"
+    run = RunDir(args.run_dir)
+    policy = args.policy or run.policy(args.round)
+    given = _kind_paths(args.previous, "--previous")
     previous = {}
     for kind in cfg.reward_model.kinds:
-        given = dict(p.split("=", 1) for p in args.previous).get(kind)
-        default = round_dir(run_dir, args.round - 1) / "reward_model" / kind if args.round > 0 else None
-        if given:
-            previous[kind] = resolve_model_uri(given)
+        default = run.reward_model(args.round - 1, kind) if args.round > 0 else None
+        if given.get(kind):
+            previous[kind] = resolve_model_uri(given[kind])
         elif default is not None and default.exists():
             previous[kind] = str(default)
-    res = run_reward_model_phase(cfg, run_dir, args.round, policy, previous)
+    res = run_reward_model_phase(cfg, run.root, args.round, policy, previous)
     print(json.dumps({"paths": {k: str(v) for k, v in res.paths.items()}, **res.metrics}, indent=2))
 
 
@@ -107,23 +114,15 @@ def cmd_compare(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from flows.iterative import iterative_rl
+    from flows.deployments import serve
 
-    cfg = _config(args)
-    # One run at a time: a scheduled run never overlaps the previous one on the same run directory.
-    iterative_rl.serve(name=args.name or cfg.run.name, cron=args.cron,
-                       parameters={"config": cfg.model_dump(mode="json")}, global_limit=1)
+    serve(_config(args), args.cron, args.name)
 
 
 def cmd_deploy(args) -> None:
-    from flows.iterative import iterative_rl
+    from flows.deployments import deploy
 
-    cfg = _config(args)
-    root = Path(__file__).resolve().parent.parent
-    iterative_rl.from_source(source=str(root), entrypoint="flows/iterative.py:iterative_rl").deploy(
-        name=args.name or cfg.run.name, work_pool_name=args.pool, cron=args.cron, concurrency_limit=1,
-        parameters={"config": cfg.model_dump(mode="json")}, build=False, push=False,
-    )
+    deploy(_config(args), args.pool, args.cron, args.name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,8 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="resume even though the config changed")
     s = cmd("bootstrap", cmd_bootstrap, "Round 0's policy: SFT on the gold solutions.")
     s.add_argument("--out", help="checkpoint directory (default: the run's round-000/policy)")
-    s = cmd("eval", cmd_eval, "Greedy accuracy, Pass@K and Maj@K of a policy on held-out problems.")
+    s = cmd("eval", cmd_eval, "Greedy accuracy, Pass@K and Maj@K of a policy on held-out problems; best-of-N with RMs.")
     s.add_argument("--policy", required=True, help="policy checkpoint, .gguf file, package:NAME or hub id")
+    s.add_argument("--reward-model", action="append", default=[], metavar="KIND=PATH",
+                   help="an RM for best-of-N, e.g. prm=runs/q/round-001/reward_model/prm or orm=models:/NAME@round-1")
+    s.add_argument("--out", help="also write the figures to this JSON file (eval.json's format)")
     s = cmd("grpo", cmd_grpo, "One GRPO phase (outcome or process supervision) from a policy.")
     s.add_argument("--policy", required=True)
     s.add_argument("--reward-model", help="PRM (process) or ORM (outcome with orm_weight): path or models:/name@alias")
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:
         from pipeline.rewards import RewardError
-        from pipeline.runner import RunDirError
+        from pipeline.rundir import RunDirError
         from pipeline.tracking import TrackingError
 
         if isinstance(e, (RunDirError, TrackingError, RewardError, ValueError)):

@@ -1,0 +1,267 @@
+"""One pipeline run on disk: every path under `runs/<name>/`, the manifest, the lock, and atomic writes.
+
+```
+runs/<name>/manifest.json              finished phases (key `round-XXX/<phase>`), outputs, metrics, MLflow run ids
+runs/<name>/.lock                      the pid of the process running it (a dead pid's lock is taken over)
+runs/<name>/pass_maj_rounds.png        Pass@K and Maj@K against K, one line per round
+runs/<name>/round-XXX/policy/          the round's policy checkpoint
+runs/<name>/round-XXX/samples.parquet  the round's labelled shard (the replay buffer is all shards)
+runs/<name>/round-XXX/collect.json     collection figures
+runs/<name>/round-XXX/reward_model/<kind>/
+runs/<name>/round-XXX/eval.json        greedy, Pass@K, Maj@K, best-of-N, the hacking monitor
+runs/<name>/round-XXX/pass_maj.png
+runs/<name>/round-XXX/.launch-<phase>/ request, result and log of a phase under `accelerate launch`
+```
+
+Every write goes through `atomic_path`: a temp file (or directory) beside the target, renamed over it,
+so a reader, or a run resumed after a SIGKILL, sees the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SHARD_NAME = "samples.parquet"
+_ROUND_DIR = re.compile(r"round-(\d{3,})")
+_OLD_PHASE_KEY = re.compile(r"(\d{3,})/(\w+)")  # before one key format: "001/policy" in `phases`
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used as asked (locked, changed config, corrupted manifest)."""
+
+
+# ----------------------------------------------------------------------------------------- atomic writes
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, directory: bool = False):
+    """Yield a temp path beside `path` to write into; on success it is renamed over `path`.
+
+    A directory target (a checkpoint) is swapped with two renames, so the old one stays whole until the new
+    one is in place. On an error the temp path is removed and `path` is untouched. Files are fsynced first.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if directory:
+        for stale in path.parent.glob(f".{path.name}.*"):  # left by a process killed while writing
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    else:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        yield tmp
+        if directory:
+            if path.exists():
+                old = path.with_name(f".{path.name}.old")
+                os.replace(path, old)
+                os.replace(tmp, path)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, path)
+        else:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+            os.replace(tmp, path)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+# ------------------------------------------------------------------------------------------------- paths
+
+
+def round_dir(run_dir: str | os.PathLike, round: int) -> Path:
+    """`run_dir/round-XXX`, XXX the round with 3 digits (more past 999): where a round's outputs live."""
+    if isinstance(round, bool) or not isinstance(round, int) or round < 0:
+        raise ValueError(f"round must be an integer >= 0, got {round!r}")
+    return Path(run_dir) / f"round-{round:03d}"
+
+
+def round_of(path: str | os.PathLike) -> int | None:
+    """The round of a `round-XXX` directory name, or None for any other name."""
+    m = _ROUND_DIR.fullmatch(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Every path of one run directory, spelled once."""
+
+    root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    manifest = property(lambda self: self.root / "manifest.json")
+    lock = property(lambda self: self.root / ".lock")
+    rounds_plot = property(lambda self: self.root / "pass_maj_rounds.png")
+
+    def round(self, r: int) -> Path:
+        return round_dir(self.root, r)
+
+    def policy(self, r: int) -> Path:
+        return self.round(r) / "policy"
+
+    def shard(self, r: int) -> Path:
+        return self.round(r) / SHARD_NAME
+
+    def collect_json(self, r: int) -> Path:
+        return self.round(r) / "collect.json"
+
+    def reward_model(self, r: int, kind: str) -> Path:
+        return self.round(r) / "reward_model" / kind
+
+    def eval_json(self, r: int) -> Path:
+        return self.round(r) / "eval.json"
+
+    def eval_plot(self, r: int) -> Path:
+        return self.round(r) / "pass_maj.png"
+
+    def launch(self, r: int, phase: str) -> Path:
+        return self.round(r) / f".launch-{phase}"
+
+    def rounds(self) -> list[int]:
+        """Rounds that have a directory, ascending."""
+        if not self.root.is_dir():
+            return []
+        return sorted(r for p in self.root.iterdir() if p.is_dir() and (r := round_of(p)) is not None)
+
+
+# ---------------------------------------------------------------------------------------------- manifest
+
+
+def phase_key(round_index: int, *parts: str) -> str:
+    """The one key format of the manifest, for outputs and MLflow runs alike: `round-001[/policy[/prm]]`."""
+    return "/".join((round_dir("", round_index).name, *parts))
+
+
+class Manifest:
+    """What is done in a run directory, where its outputs are, and the MLflow run ids."""
+
+    def __init__(self, run_dir: str | os.PathLike, data: dict):
+        self.run_dir, self.data = Path(run_dir), data
+
+    @property
+    def path(self) -> Path:
+        return RunDir(self.run_dir).manifest
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike) -> Manifest:
+        """Read the manifest (FileNotFoundError if there is none); a corrupted one is a RunDirError."""
+        path = RunDir(run_dir).manifest
+        try:
+            data = read_json(path)
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            missing = [k for k in ("config", "phases", "mlflow") if not isinstance(data.get(k), dict)]
+            if missing:
+                raise ValueError(f"missing or malformed {', '.join(repr(k) for k in missing)}")
+        except FileNotFoundError:
+            raise
+        except (ValueError, json.JSONDecodeError) as e:
+            raise RunDirError(
+                f"{path} is corrupted ({e}). Move the run directory aside to start over, or restore the file"
+            ) from None
+        # Run directories written before the one key format recorded phases as "001/policy".
+        data["phases"] = {
+            (phase_key(int(m.group(1)), m.group(2)) if (m := _OLD_PHASE_KEY.fullmatch(k)) else k): v
+            for k, v in data["phases"].items()
+        }
+        return cls(run_dir, data)
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+    def done(self, round_index: int, phase: str) -> bool:
+        return phase_key(round_index, phase) in self.data["phases"]
+
+    def output(self, round_index: int, phase: str) -> dict:
+        return self.data["phases"][phase_key(round_index, phase)]
+
+    def record(self, round_index: int, phase: str, output: dict) -> None:
+        self.data["phases"][phase_key(round_index, phase)] = output
+        self.save()
+
+    def mlflow_run(self, key: str) -> str | None:
+        return self.data["mlflow"].get(key)
+
+    def set_mlflow_run(self, key: str, run_id: str) -> None:
+        self.data["mlflow"][key] = run_id
+        self.save()
+
+
+# -------------------------------------------------------------------------------------------------- lock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_holder(run_dir: str | os.PathLike) -> int | None:
+    """The pid of a live process holding `run_dir`'s lock, or None (no lock, or a stale one)."""
+    try:
+        pid = int(RunDir(run_dir).lock.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return None
+    return pid if pid and pid != os.getpid() and _pid_alive(pid) else None
+
+
+def refuse_if_locked(run_dir: str | os.PathLike) -> None:
+    pid = lock_holder(run_dir)
+    if pid:
+        raise RunDirError(f"{run_dir} is in use by another run (pid {pid}); wait for it or stop it")
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike):
+    """Hold `run_dir/.lock` (our pid inside) for the duration; refuse a live holder, take over a dead one."""
+    lock = RunDir(run_dir).lock
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            refuse_if_locked(run_dir)
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+    else:
+        raise RunDirError(f"could not take the lock {lock}")
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)

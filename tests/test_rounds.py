@@ -1,0 +1,175 @@
+"""Algorithm 1 as data flow between phases, the phase registry, and resuming run directories of earlier versions."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import config_from_dict
+from pipeline.rounds import PHASES, PhaseResult, open_run, run_round
+from pipeline.rundir import Manifest, RunDirError, phase_key, write_json_atomic
+from tests.conftest import mini_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _recording_step(calls: list):
+    """A `step` that records what Algorithm 1 hands each phase and returns made-up outputs named after it."""
+
+    def step(r, name, **inputs):
+        calls.append((r, name, inputs))
+        if name == "reward_model":
+            return PhaseResult({}, paths={"prm": f"rm{r}/prm", "orm": f"rm{r}/orm"})
+        return PhaseResult({}, path=f"{name}{r}")
+
+    return step
+
+
+def test_round_zero_bootstraps_and_its_monitor_reads_its_own_rms(tmp_path):
+    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
+    calls: list = []
+    run_round(cfg, 0, step=_recording_step(calls))
+    assert calls == [
+        (0, "policy", {}),  # no policy given: the bootstrap
+        (0, "collect", {"policy": "policy0"}),
+        (0, "reward_model", {"policy": "policy0", "previous": None}),  # heads new on policy_0's backbone
+        (0, "eval", {"policy": "policy0", "reward_models": {"prm": "rm0/prm", "orm": "rm0/orm"}, "shard": "collect0",
+                     "trained_against": {"prm": "rm0/prm", "orm": "rm0/orm"}}),
+    ]
+
+
+def test_round_r_trains_from_the_previous_policy_against_the_previous_rms(tmp_path):
+    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
+    manifest = Manifest(cfg.run_dir, {"config": {}, "phases": {}, "mlflow": {}})
+    for name, output in {"policy": {"path": "p0", "metrics": {}}, "collect": {"path": "s0", "metrics": {}},
+                         "reward_model": {"paths": {"prm": "r0"}, "versions": {}, "metrics": {}},
+                         "eval": {"path": "e0", "metrics": {}}}.items():
+        manifest.record(0, name, output)
+    calls: list = []
+    run_round(cfg, 1, step=_recording_step(calls))
+    assert calls == [
+        (1, "policy", {"policy": "p0", "reward_models": {"prm": "r0"}}),  # GRPO from π_0 against rm_0
+        (1, "collect", {"policy": "policy1"}),
+        (1, "reward_model", {"policy": "policy1", "previous": {"prm": "r0"}}),  # warm start from rm_0
+        (1, "eval", {"policy": "policy1", "reward_models": {"prm": "rm1/prm", "orm": "rm1/orm"}, "shard": "collect1",
+                     "trained_against": {"prm": "r0"}}),  # the monitor reads the RM GRPO trained against
+    ]
+
+
+def test_registry_declares_launch_and_mlflow_runs(tmp_path):
+    assert list(PHASES) == ["policy", "collect", "reward_model", "eval"]
+    assert [p for p, d in PHASES.items() if d.launchable] == ["policy", "reward_model"]
+    cfg = config_from_dict(mini_config(tmp_path, reward_model={"kinds": ["prm", "orm"], "retrain": False}),
+                           check_trl=False)
+    models = PHASES["reward_model"].models
+    assert models(cfg, 0) == ["prm", "orm"] and models(cfg, 1) == []  # frozen RMs train (and log) in round 0 only
+
+
+def test_phase_result_round_trips_through_the_manifest_in_the_old_format():
+    policy = PhaseResult({"policy/steps": 2.0}, path="runs/x/round-001/policy")
+    assert policy.to_manifest() == {"metrics": {"policy/steps": 2.0}, "path": "runs/x/round-001/policy"}
+    rms = PhaseResult({}, paths={"prm": "a"}, versions={})
+    assert rms.to_manifest() == {"metrics": {}, "paths": {"prm": "a"}, "versions": {}}
+    assert PhaseResult.from_manifest(rms.to_manifest()) == rms
+
+
+def test_a_manifest_of_the_older_key_format_resumes(tmp_path):
+    # Before one key format, phases were recorded as "001/policy" while MLflow runs were "round-001/policy".
+    write_json_atomic(tmp_path / "manifest.json", {
+        "config": {}, "mlflow": {"parent": "p", "round-001/policy": "x"},
+        "phases": {"000/policy": {"path": "a", "metrics": {}}, "001/policy": {"path": "b", "metrics": {}}},
+    })
+    manifest = Manifest.load(tmp_path)
+    assert manifest.done(0, "policy") and manifest.done(1, "policy") and not manifest.done(1, "collect")
+    assert manifest.output(1, "policy")["path"] == "b"
+    assert set(manifest.data["phases"]) == {phase_key(0, "policy"), phase_key(1, "policy")} == {
+        "round-000/policy", "round-001/policy"}
+
+
+def _stored(tmp_path, cfg, edit) -> None:
+    stored = cfg.model_dump(mode="json")
+    edit(stored)
+    write_json_atomic(cfg.run_dir / "manifest.json", {"config": stored, "phases": {}, "mlflow": {}})
+
+
+def test_a_field_added_since_with_its_default_is_no_change_on_resume(tmp_path, mlflow_tmp):
+    cfg = config_from_dict(mini_config(tmp_path, tracking={"tracking_uri": mlflow_tmp}), check_trl=False)
+    # A run directory written before `collect.workers` and `reward_model.retrain` existed.
+    _stored(tmp_path, cfg, lambda c: (c["collect"].pop("workers"), c["reward_model"].pop("retrain")))
+    open_run(cfg)  # no RunDirError
+    assert "workers" in Manifest.load(cfg.run_dir).data["config"]["collect"]
+
+
+def test_a_changed_field_is_still_refused_on_resume(tmp_path, mlflow_tmp):
+    cfg = config_from_dict(mini_config(tmp_path, tracking={"tracking_uri": mlflow_tmp}), check_trl=False)
+    _stored(tmp_path, cfg, lambda c: (c["collect"].pop("workers"), c["reward_model"].update(replay_fraction=0.5)))
+    with pytest.raises(RunDirError, match=r"reward_model\.replay_fraction: 0\.5 -> 0\.1") as e:
+        open_run(cfg)
+    assert "workers" not in str(e.value)
+    open_run(cfg, force=True)
+
+
+# --- the layout ----------------------------------------------------------------------------------------
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def test_pipeline_never_imports_flows():
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*.py")
+                 if any(m == "flows" or m.startswith("flows.") for m in _imports(p))]
+    assert offenders == []
+
+
+def test_the_readme_module_map_matches_the_tree():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Contributing"):]
+    listed = set(re.findall(r"^\| `((?:pipeline|models|flows)/[\w/]+(?:\.py|/))` \|", section, flags=re.M))
+    tree = {str(p.relative_to(ROOT)) for d in ("pipeline", "models", "flows") for p in (ROOT / d).glob("*.py")
+            if p.name != "__init__.py"}
+    tree |= {f"{p.relative_to(ROOT)}/" for d in ("pipeline", "models", "flows") for p in (ROOT / d).iterdir()
+             if p.is_dir() and (p / "__init__.py").exists()}
+    assert listed == tree
+
+
+# --- igrpo eval: the eval phase's code on any policy ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_igrpo_eval_gives_best_of_n_for_the_reward_models_given_and_skips_the_rest(tmp_path, capsys):
+    import yaml
+
+    from flows.cli import main
+    from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
+    from pipeline.rundir import read_json
+
+    tok = char_tokenizer()
+    policy = save_model(tiny_policy(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                    max_position_embeddings=96, seed=0), tok, tmp_path / "policy")
+    prm = save_model(*reward_model_from_policy(str(policy), "prm"), tmp_path / "prm")
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump(mini_config(tmp_path, eval={"num_problems": 4, "samples_per_problem": 4,
+                                                                 "max_new_tokens": 24, "best_of_n": [2, 4]})))
+    base = ["eval", str(config), "--policy", str(policy)]
+
+    assert main([*base, "--out", str(tmp_path / "plain.json")]) == 0
+    plain = read_json(tmp_path / "plain.json")["metrics"]
+    assert {"eval/greedy", "eval/maj@4", "bon/majority@2", "bon/random@4"} <= set(plain)
+    assert not any(k.startswith(("bon/prm", "bon/orm", "monitor/")) for k in plain)  # no RM, no shard: skipped
+
+    assert main([*base, "--reward-model", f"prm={prm}", "--out", str(tmp_path / "prm.json")]) == 0
+    with_prm = read_json(tmp_path / "prm.json")["metrics"]
+    assert {"bon/prm@2", "bon/prm@4"} <= set(with_prm) and not any(k.startswith("bon/orm") for k in with_prm)
+    timings = ("eval/completions_per_s",)
+    assert {k: v for k, v in with_prm.items() if k in plain and k not in timings} == {
+        k: v for k, v in plain.items() if k not in timings}  # the same seeded samples
+    assert "bon/prm@4" in capsys.readouterr().out
+
+    assert main([*base, "--reward-model", str(prm)]) == 2
+    assert "--reward-model takes KIND=PATH" in capsys.readouterr().err
