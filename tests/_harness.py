@@ -91,7 +91,10 @@ def sigkill_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = Non
     if hold is not None:
         ready = marker.exists
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-sub"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           # Prefect's default 20 s to start the run's own server is too short on a loaded machine (seen: the run
+           # failed at connect, before any phase); 120 s as for the session's harness in conftest.py.
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
     env.pop("PREFECT_API_URL", None)
     log = tmp_path / "killed-run.log"
     with open(log, "wb") as out:

@@ -1,4 +1,4 @@
-"""The iterative flow end to end: a real mini run (2 rounds) in the Prefect harness (its SIGKILL resumes: test_resume.py)."""
+"""The iterative flow end to end: a real mini run (2 rounds) in the Prefect harness (its resumes: test_resume.py)."""
 
 from __future__ import annotations
 
