@@ -1,4 +1,5 @@
-"""Shared fixtures: one Prefect test harness per session, a temp MLflow per test, a mini run config."""
+"""Shared fixtures: the model size table, one saved tiny policy (and RMs on it) per session, one Prefect test
+harness per session, a temp MLflow per test, a mini run config."""
 
 from __future__ import annotations
 
@@ -11,13 +12,23 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+# Every model size of the suite, in one place: a test's cost is mostly its model's size.
+SIZES = {
+    # Untrained, for shapes, scores, checkpoints, sampling and one-step trainings: the smallest with every part.
+    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 96},
+    # mini_config's policy, which a 2-round run bootstraps by SFT; also the 2-process step of test_launcher.py.
+    "mini": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128, "max_position_embeddings": 96},
+    # The quickstart's width and depth: the trained policy whose accuracy test_training.py asserts.
+    "trained": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 384,
+                "max_position_embeddings": 96},
+}
+
 
 def mini_config(tmp_path, **sections) -> dict:
     """A run config small enough for a full 2-round flow in about a minute on 2 cores."""
     cfg = {
         "run": {"name": "mini", "runs_dir": str(tmp_path / "runs"), "rounds": 2, "seed": 0},
-        "policy": {"tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128,
-                            "max_position_embeddings": 96}},
+        "policy": {"tiny": dict(SIZES["mini"])},
         "problems": {"arithmetic": {"num_train": 400, "num_test": 20, "min_steps": 2, "max_steps": 2}},
         "bootstrap": {"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 2, "per_device_train_batch_size": 32}},
         "supervision": {"mode": "process", "prompts_per_round": 16},
@@ -32,6 +43,29 @@ def mini_config(tmp_path, **sections) -> dict:
     for section, values in sections.items():
         cfg.setdefault(section, {}).update(values)
     return cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory):
+    """A saved untrained tiny policy (SIZES["tiny"], seed 0), shared by the session: read it, never write into it."""
+    from models import char_tokenizer, save_model, tiny_policy
+
+    tok = char_tokenizer()
+    path = tmp_path_factory.mktemp("tiny") / "policy"
+    save_model(tiny_policy(tok, **SIZES["tiny"], seed=0), tok, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tiny_policy_dir):
+    """The folder of the tiny policy, with an ORM and a PRM on its backbone saved beside it (`orm/`, `prm/`)."""
+    from models import reward_model_from_policy, save_model
+
+    root = tiny_policy_dir.parent
+    for kind in ("orm", "prm"):
+        model, rm_tok = reward_model_from_policy(str(tiny_policy_dir), kind)
+        save_model(model, rm_tok, root / kind)
+    return root
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +88,19 @@ def mlflow_tmp(tmp_path, monkeypatch):
     mlflow.set_tracking_uri(uri)
     yield uri
     mlflow.set_tracking_uri(None) if hasattr(mlflow, "set_tracking_uri") else None
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """A temp cwd; MLflow's URI (global and env) and its HTTP settings restored after the test."""
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(var, "unset")  # recorded, so that teardown restores the original state
+        monkeypatch.delenv(var)
+    yield
+    mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
-"""The run config: the quickstart loads, and every mistake is one ConfigError naming the dotted path of the field.
+"""The run config: the shipped configs load, and every mistake is one ConfigError naming the dotted path of the
+field, an optional engine that is not installed included.
 
 Loads with ``check_trl=True`` build TRL's GRPOConfig/SFTConfig (a few seconds the first time); only the tests
-about the ``grpo:`` pass-through and the full quickstart use them, the rest validate with ``check_trl=False``.
+about the ``grpo:`` pass-through, the engines and the shipped configs use them, the rest validate with
+``check_trl=False``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from pipeline.config import (
     apply_overrides,
     config_diff,
     config_from_dict,
+    grpo_config,
     load_config,
     parse_override,
 )
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+MULTIGPU = Path(__file__).resolve().parents[1] / "configs" / "gsm8k-multigpu.yaml"
 
 
 def write(tmp_path, text: str) -> Path:
@@ -35,7 +39,7 @@ def error_of(data: dict, check_trl: bool = False) -> str:
     return str(info.value)
 
 
-# --- the shipped config ----------------------------------------------------------------------------
+# --- the shipped configs ---------------------------------------------------------------------------
 
 
 def test_quickstart_loads_with_trl_checks():
@@ -55,6 +59,35 @@ def test_quickstart_loads_with_trl_checks():
 def test_empty_file_gives_the_defaults(tmp_path):
     cfg = load_config(write(tmp_path, ""), check_trl=False)
     assert cfg == PipelineConfig()
+
+
+def test_multigpu_recipe_without_vllm_names_every_field(monkeypatch):
+    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "vllm")
+    with pytest.raises(ConfigError) as e:
+        load_config(MULTIGPU)
+    assert str(e.value) == (
+        f"{MULTIGPU}: collect.backend, eval.backend, grpo.use_vllm: needs the [vllm] extra, which is not installed: "
+        "pip install 'iterative-grpo[vllm]' (or set collect.backend: hf, eval.backend: hf, grpo.use_vllm: false)"
+    )
+
+
+def test_multigpu_recipe_loads_and_validates(monkeypatch):
+    monkeypatch.setattr("pipeline.config._installed", lambda module: True)
+    cfg = load_config(MULTIGPU, check_trl=True)  # builds TRL's GRPOConfig and SFTConfig from it
+    assert cfg.policy.model == "Qwen/Qwen2.5-Math-1.5B-Instruct" and cfg.problems.gsm8k.hub_name == "openai/gsm8k"
+    assert cfg.launcher.kind == "accelerate" and cfg.launcher.num_processes == 8
+    assert Path(cfg.launcher.config_file).name == "zero2.yaml"
+    args = grpo_config(cfg, "unused")
+    assert (args.use_vllm, args.vllm_mode, args.bf16, args.beta, args.learning_rate) == (True, "colocate", True, 0.04, 1e-6)
+    # 8 processes x 16 per device x 8 accumulation steps = 1024 completions = 64 prompts x G per optimizer step,
+    # and max_steps x 64 prompts = the prompts offered per round.
+    per_step = 8 * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    assert per_step == 1024 and per_step % args.num_generations == 0
+    assert args.max_steps * per_step // args.num_generations == cfg.supervision.prompts_per_round
+    c = cfg.collect
+    assert (c.backend, c.task_runner, c.workers, c.gpus_per_worker) == ("vllm", "ray", 8, 1)
+    # Collection shards whole batches: at least one batch per worker.
+    assert c.prompts_per_round * c.samples_per_prompt // c.batch_size >= c.workers
 
 
 # --- file-level errors -----------------------------------------------------------------------------
@@ -161,6 +194,64 @@ def test_grpo_number_where_a_flag_is_expected():
     # TRL's default for this field is False, so a flag is expected; "sometimes" would be truthy in TRL.
     message = error_of({"grpo": {"mask_truncated_completions": "sometimes"}}, check_trl=True)
     assert message == "grpo.mask_truncated_completions: expected true or false, got 'sometimes'"
+
+
+# --- optional engines (vLLM, Ray): one clear error when absent ---------------------------------------
+# vLLM is not installed in CI; where a test needs the config to pass as if it were, `pipeline.config._installed`
+# is patched, which is the one place the config asks whether an extra is there.
+
+
+@pytest.mark.parametrize(
+    "sections, fields",
+    [
+        ({"collect": {"backend": "vllm"}}, "collect.backend"),
+        ({"eval": {"backend": "vllm"}}, "eval.backend"),
+        ({"grpo": {"use_vllm": True, "vllm_mode": "colocate"}}, "grpo.use_vllm"),
+        ({"collect": {"backend": "vllm"}, "grpo": {"use_vllm": True}}, "collect.backend, grpo.use_vllm"),
+    ],
+)
+def test_vllm_without_the_extra_is_one_clear_error(monkeypatch, sections, fields):
+    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "vllm")
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(sections)
+    msg = str(e.value)
+    # One line naming every field that asks for vLLM, the install command, and the setting that avoids it.
+    assert msg.startswith(f"{fields}: needs the [vllm] extra") and "pip install 'iterative-grpo[vllm]'" in msg
+    assert len(msg.splitlines()) == 1
+
+
+def test_ray_without_the_extra_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "prefect_ray")
+    with pytest.raises(ConfigError, match=r"^collect.task_runner: needs the \[ray\] extra.*'iterative-grpo\[ray\]'"):
+        config_from_dict({"collect": {"workers": 2, "task_runner": "ray"}})
+    # One worker never starts a task runner, so it needs no extra.
+    cfg = config_from_dict({"collect": {"workers": 1, "task_runner": "ray"}}, check_trl=False)
+    assert (cfg.collect.workers, cfg.collect.task_runner) == (1, "ray")
+
+
+def test_vllm_settings_pass_when_installed_and_reach_trl(monkeypatch):
+    monkeypatch.setattr("pipeline.config._installed", lambda module: True)
+    cfg = config_from_dict({"collect": {"backend": "vllm", "vllm_args": {"gpu_memory_utilization": 0.5}},
+                            "eval": {"backend": "vllm"}, "grpo": {"use_vllm": True, "vllm_mode": "server"}})
+    assert cfg.collect.backend == cfg.eval.backend == "vllm"
+    args = grpo_config(cfg, "unused")
+    assert args.use_vllm is True and args.vllm_mode == "server"
+    with pytest.raises(ConfigError, match="collect.backend"):
+        config_from_dict({"collect": {"backend": "sglang"}})
+    with pytest.raises(ConfigError, match="collect.workers"):
+        config_from_dict({"collect": {"workers": 0}})
+
+
+def test_default_config_needs_no_extra(monkeypatch):
+    asked = []
+    monkeypatch.setattr("pipeline.config._installed", lambda module: asked.append(module) or False)
+    cfg = config_from_dict({}, check_trl=False)
+    # With no extra installed the defaults load, asking for none, and run on the built-in engines:
+    # HF generate for collection and eval, no vLLM in GRPO, one collection worker in this process.
+    assert asked == []
+    assert (cfg.collect.backend, cfg.eval.backend) == ("hf", "hf")
+    assert (cfg.collect.workers, cfg.collect.task_runner) == (1, "thread")
+    assert grpo_config(cfg, "unused").use_vllm is False
 
 
 # --- --set overrides --------------------------------------------------------------------------------

@@ -8,25 +8,12 @@ process gives.
 from __future__ import annotations
 
 import pytest
-from conftest import mini_config
 
 from pipeline.config import config_from_dict
 from pipeline.fanout import split_batches
 from pipeline.generation import assemble, batch_seed, generate_batches, plan_batches, sample
 from pipeline.replay import read_shard
-
-SIZES = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=128)
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory):
-    from models import char_tokenizer, save_model, tiny_policy
-
-    tok = char_tokenizer()
-    path = tmp_path_factory.mktemp("fanout") / "policy"
-    save_model(tiny_policy(tok, **SIZES, seed=11), tok, path)
-    return path
-
+from tests.conftest import mini_config
 
 # --- the batch plan -------------------------------------------------------------------------------------
 
@@ -54,10 +41,10 @@ def test_batch_seeds_are_distinct():
     assert len(seeds) == 50 * 500
 
 
-def test_sharded_generation_equals_one_call(policy_dir):
+def test_sharded_generation_equals_one_call(tiny_policy_dir):
     from models import load_policy
 
-    model, tok = load_policy(str(policy_dir))
+    model, tok = load_policy(str(tiny_policy_dir))
     prompts = ["1+2=", "10*3-4=", "7", "5+5+5+5=", "2*2="]
     opts = dict(temperature=1.0, top_p=0.9, max_new_tokens=12, greedy=False, seed=5)
     whole = sample(model, tok, prompts, 3, batch_size=4, **{k: v for k, v in opts.items() if k != "greedy"})
@@ -90,27 +77,27 @@ def _collect(tmp_path, policy_dir, name: str, **collect) -> list[dict]:
 
 
 @pytest.mark.parametrize("strategy", ["exhaustive", "first_error"])
-def test_two_thread_workers_write_the_single_worker_shard(prefect_harness, tmp_path, policy_dir, strategy):
+def test_two_thread_workers_write_the_single_worker_shard(prefect_harness, tmp_path, tiny_policy_dir, strategy):
     from prefect import task
 
-    one = _collect(tmp_path, policy_dir, "one", strategy=strategy)
+    one = _collect(tmp_path, tiny_policy_dir, "one", strategy=strategy)
     # Inside a Prefect task, as the flow runs the phase: the shards are tasks submitted from that task.
     in_task = task(_collect, name="collect-phase")
-    two = in_task(tmp_path, policy_dir, "two", strategy=strategy, workers=2, task_runner="thread")
+    two = in_task(tmp_path, tiny_policy_dir, "two", strategy=strategy, workers=2, task_runner="thread")
     assert len(one) == 8 and two == one
 
 
-def test_two_ray_workers_write_the_single_worker_shard(prefect_harness, tmp_path, policy_dir, monkeypatch):
+def test_two_ray_workers_write_the_single_worker_shard(prefect_harness, tmp_path, tiny_policy_dir, monkeypatch):
     pytest.importorskip("prefect_ray")
     import pipeline.fanout
 
     loads = []
     load = pipeline.fanout.load_sampling_model
     monkeypatch.setattr(pipeline.fanout, "load_sampling_model", lambda *a: loads.append(a) or load(*a))
-    one = _collect(tmp_path, policy_dir, "one", strategy="first_error")
+    one = _collect(tmp_path, tiny_policy_dir, "one", strategy="first_error")
     # A local Ray: 2 CPUs, a small object store, no dashboard (startup is the slow part on 2 cores).
     ray_init = {"num_cpus": 2, "object_store_memory": 80 * 2**20, "include_dashboard": False}
-    two = _collect(tmp_path, policy_dir, "ray", strategy="first_error", workers=2, task_runner="ray", ray_init=ray_init)
+    two = _collect(tmp_path, tiny_policy_dir, "ray", strategy="first_error", workers=2, task_runner="ray", ray_init=ray_init)
     assert two == one
     # Only the single-worker run loaded the policy in this process: Ray's workers loaded their own.
     assert len(loads) == 1

@@ -1,4 +1,5 @@
-"""`launcher: accelerate`: 2 CPU processes give what 1 process gives; the phases run and log through `accelerate launch`.
+"""`launcher: accelerate`: 2 CPU processes give what 1 process gives; the phases run and log through `accelerate launch`;
+the shipped accelerate configs and the GPU check script are what they say.
 
 The launched runs use `configs/accelerate/cpu_2proc.yaml` (torchrun, gloo). Each start of a launched
 process costs seconds (Python, torch, TRL imports), so every test here starts as few as it can.
@@ -19,12 +20,11 @@ import yaml
 from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
 from pipeline.config import ConfigError, LauncherConfig, config_from_dict
 from pipeline.launch import LaunchError, check_launchable, launch_command, run_logged
-from tests.conftest import mini_config
+from tests.conftest import SIZES, mini_config
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_2PROC = "configs/accelerate/cpu_2proc.yaml"
 STEP_SCRIPT = REPO / "tests" / "launcher_step.py"
-MINI_TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128, "max_position_embeddings": 96}
 
 
 def child_env() -> dict[str, str]:
@@ -35,7 +35,7 @@ def child_env() -> dict[str, str]:
 def build_models(where: Path) -> tuple[Path, Path]:
     """A tiny policy (mini_config's sizes) and a PRM on its backbone with a seeded head."""
     tok = char_tokenizer()
-    policy = save_model(tiny_policy(tok, **MINI_TINY, seed=0), tok, where / "policy")
+    policy = save_model(tiny_policy(tok, **SIZES["mini"], seed=0), tok, where / "policy")
     torch.manual_seed(1)
     prm = save_model(*reward_model_from_policy(str(policy), "prm"), where / "prm")
     return policy, prm
@@ -108,6 +108,22 @@ def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
     message = str(info.value)
     assert "the test phase failed under accelerate launch (exit code 1)" in message
     assert "ValueError: broken on rank 0" in message and str(tmp_path / "launch.log") in message
+
+
+# --- the GPU check script -------------------------------------------------------------------------------
+
+
+def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
+    script = REPO / "bench" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)  # the whole script parses
+    # Run as a user would on a machine without a GPU (and without --cpu): its first step refuses, naming the
+    # dry run, before it installs or measures anything, and the log still lands in $OUT.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no CUDA device visible to torch: run with --cpu for a dry run" in done.stdout
+    assert "== install" not in done.stdout
+    assert (tmp_path / "gpu_check.log").read_text().startswith("== machine\n")
 
 
 # --- the key check: 2 processes == 1 process -----------------------------------------------------------

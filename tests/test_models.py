@@ -16,21 +16,14 @@ from models import (
 )
 from models.factories import apply_lora, resolve_spec
 from models.tokenizer import DEFAULT_ALPHABET
+from tests.conftest import SIZES
 
 TEXT = "7 +5 *3 -4\n7+5=12\n12*3=36\n36-4=32\nAnswer: 32"
-SIZES = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
 
 
 @pytest.fixture(scope="module")
 def tok():
     return char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, tok):
-    path = tmp_path_factory.mktemp("models") / "policy"
-    save_model(tiny_policy(tok, **SIZES), tok, path)
-    return path
 
 
 # --- the character tokenizer ------------------------------------------------------------------------
@@ -80,7 +73,7 @@ def test_char_tokenizer_save_and_reload_gives_identical_ids(tok, tmp_path):
 
 
 def test_tiny_policy_forward_shape_and_vocab(tok):
-    model = tiny_policy(tok, **SIZES)
+    model = tiny_policy(tok, **SIZES["tiny"])
     assert model.config.vocab_size == len(tok)
     assert model.config.pad_token_id == 0 and model.config.eos_token_id == 1
     batch = tok(["7+5=12", "1"], return_tensors="pt", padding=True)
@@ -90,7 +83,8 @@ def test_tiny_policy_forward_shape_and_vocab(tok):
 
 
 def test_tiny_policy_is_seeded(tok):
-    a, b, c = tiny_policy(tok, **SIZES, seed=1), tiny_policy(tok, **SIZES, seed=1), tiny_policy(tok, **SIZES, seed=2)
+    sizes = SIZES["tiny"]
+    a, b, c = tiny_policy(tok, **sizes, seed=1), tiny_policy(tok, **sizes, seed=1), tiny_policy(tok, **sizes, seed=2)
     w = lambda m: m.model.layers[0].mlp.up_proj.weight
     assert torch.equal(w(a), w(b))
     assert not torch.equal(w(a), w(c))
@@ -99,10 +93,10 @@ def test_tiny_policy_is_seeded(tok):
 # --- reward models on the policy backbone -------------------------------------------------------------
 
 
-def test_reward_models_from_policy_shapes(policy_dir, tok):
+def test_reward_models_from_policy_shapes(tiny_policy_dir, tok):
     batch = tok(["7+5=12\n", "7+5=13\nAnswer: 1"], return_tensors="pt", padding=True, padding_side="right")
-    orm, _ = reward_model_from_policy(str(policy_dir), "orm")
-    prm, prm_tok = reward_model_from_policy(str(policy_dir), "prm")
+    orm, _ = reward_model_from_policy(str(tiny_policy_dir), "orm")
+    prm, prm_tok = reward_model_from_policy(str(tiny_policy_dir), "prm")
     # ORM: one logit per sequence; PRM: one logit per token.
     assert orm(**batch).logits.shape == (2, 1)
     assert prm(**batch).logits.shape == (2, batch.input_ids.shape[1], 1)
@@ -111,22 +105,22 @@ def test_reward_models_from_policy_shapes(policy_dir, tok):
     assert prm_tok(TEXT).input_ids == tok(TEXT).input_ids
 
 
-def test_reward_model_keeps_the_backbone_weights(policy_dir):
-    policy = AutoModelForCausalLM.from_pretrained(policy_dir)
+def test_reward_model_keeps_the_backbone_weights(tiny_policy_dir):
+    policy = AutoModelForCausalLM.from_pretrained(tiny_policy_dir)
     for kind in ("orm", "prm"):
-        rm, _ = reward_model_from_policy(str(policy_dir), kind)
+        rm, _ = reward_model_from_policy(str(tiny_policy_dir), kind)
         assert torch.equal(rm.model.embed_tokens.weight, policy.model.embed_tokens.weight)
-        assert torch.equal(rm.model.layers[1].self_attn.q_proj.weight, policy.model.layers[1].self_attn.q_proj.weight)
+        assert torch.equal(rm.model.layers[-1].self_attn.q_proj.weight, policy.model.layers[-1].self_attn.q_proj.weight)
         assert torch.equal(rm.model.norm.weight, policy.model.norm.weight)
 
 
-def test_reward_model_kind_must_be_known(policy_dir):
+def test_reward_model_kind_must_be_known(tiny_policy_dir):
     with pytest.raises(ValueError, match="reward model kind must be one of \\['orm', 'prm'\\], got 'value'"):
-        reward_model_from_policy(str(policy_dir), "value")
+        reward_model_from_policy(str(tiny_policy_dir), "value")
 
 
-def test_save_and_load_reward_model_round_trip(policy_dir, tok, tmp_path):
-    prm, prm_tok = reward_model_from_policy(str(policy_dir), "prm")
+def test_save_and_load_reward_model_round_trip(tiny_policy_dir, tok, tmp_path):
+    prm, prm_tok = reward_model_from_policy(str(tiny_policy_dir), "prm")
     with torch.no_grad():
         prm.score.weight.normal_()  # a head that is not the fresh init, so a reload of a new head would differ
     path = save_model(prm, prm_tok, tmp_path / "round-001" / "prm")
@@ -145,22 +139,22 @@ def test_save_and_load_reward_model_round_trip(policy_dir, tok, tmp_path):
         load_reward_model(path, expect="orm")
 
 
-def test_save_model_overwrites_an_existing_checkpoint(policy_dir, tmp_path):
-    orm, orm_tok = reward_model_from_policy(str(policy_dir), "orm")
+def test_save_model_overwrites_an_existing_checkpoint(tiny_policy_dir, tmp_path):
+    orm, orm_tok = reward_model_from_policy(str(tiny_policy_dir), "orm")
     path = tmp_path / "rm"
     save_model(orm, orm_tok, path)
-    prm, prm_tok = reward_model_from_policy(str(policy_dir), "prm")
+    prm, prm_tok = reward_model_from_policy(str(tiny_policy_dir), "prm")
     save_model(prm, prm_tok, path)
     assert load_reward_model(path)[2] == "prm"
 
 
-def test_load_reward_model_refuses_a_policy(policy_dir):
+def test_load_reward_model_refuses_a_policy(tiny_policy_dir):
     with pytest.raises(ValueError, match="not a reward model"):
-        load_reward_model(policy_dir)
+        load_reward_model(tiny_policy_dir)
 
 
-def test_lora_checkpoint_is_merged_on_save(policy_dir, tok, tmp_path):
-    model, _ = load_policy(str(policy_dir))
+def test_lora_checkpoint_is_merged_on_save(tiny_policy_dir, tok, tmp_path):
+    model, _ = load_policy(str(tiny_policy_dir))
     lora = apply_lora(model, r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     with torch.no_grad():
         for name, p in lora.named_parameters():
@@ -177,8 +171,8 @@ def test_lora_checkpoint_is_merged_on_save(policy_dir, tok, tmp_path):
 # --- specs --------------------------------------------------------------------------------------------
 
 
-def test_resolve_spec_cases(policy_dir, tmp_path):
-    assert resolve_spec(str(policy_dir)) == (str(policy_dir), None)
+def test_resolve_spec_cases(tiny_policy_dir, tmp_path):
+    assert resolve_spec(str(tiny_policy_dir)) == (str(tiny_policy_dir), None)
     # A string that is not a local path is a hub id, passed through untouched.
     assert resolve_spec("HuggingFaceTB/SmolLM2-135M-Instruct") == ("HuggingFaceTB/SmolLM2-135M-Instruct", None)
     good = tmp_path / "m.gguf"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -153,6 +155,33 @@ def test_read_shard_not_parquet(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text("not parquet")
     with pytest.raises(ValueError, match="round-000/samples.parquet: not a readable parquet shard"):
+        read_shard(path)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda t: t.drop_columns(["se_labels"]), "column 'se_labels' is missing"),
+        (lambda t: t.set_column(t.schema.get_field_index("outcome"), "outcome", pa.array([1.0, 0.0, 1.0])),
+         "column 'outcome' has type double, expected int64"),
+        (lambda t: t.set_column(t.schema.get_field_index("steps"), "steps", pa.array(["a", "b", "c"])),
+         "column 'steps' has type string, expected list<item: string>"),
+    ],
+    ids=["missing-column", "wrong-dtype", "scalar-for-list"],
+)
+def test_bad_shard_names_shard_and_column(tmp_path, mutate, expected):
+    path = tmp_path / "round-000" / "samples.parquet"
+    path.parent.mkdir()
+    pq.write_table(mutate(pa.Table.from_pylist([make_row(0, i) for i in range(3)], schema=SHARD_SCHEMA)), path)
+    with pytest.raises(ValueError) as info:
+        read_shard(path)
+    assert str(info.value) == f"{path}: {expected}"
+
+
+def test_shard_that_is_not_parquet(tmp_path):
+    path = tmp_path / "samples.parquet"
+    path.write_bytes(b"PAR1 but not really")
+    with pytest.raises(ValueError, match=re.escape(f"{path}: not a readable parquet shard")):
         read_shard(path)
 
 

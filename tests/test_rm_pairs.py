@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from models import save_model, tiny_policy
 from models.tokenizer import char_tokenizer
 from pipeline.config import config_from_dict
 from pipeline.reward_model import orm_pairs, train_reward_model
@@ -26,12 +25,9 @@ def test_pairs_are_correct_against_incorrect_within_a_prompt_and_round():
     assert decoded == [("Qa\n1", "Qa\n2"), ("Qa\n1", "Qa\n3"), ("Qc\n7", "Qc\n8")]
 
 
-def test_pairwise_orm_without_any_pair_is_a_clear_error(tmp_path):
+def test_pairwise_orm_without_any_pair_is_a_clear_error(tmp_path, tiny_policy_dir):
     cfg = config_from_dict({"reward_model": {"orm_loss": "pairwise"}}, check_trl=False)
-    tok = char_tokenizer()
-    policy = save_model(tiny_policy(tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32), tok,
-                        tmp_path / "policy")
     rows = [row(0, "a", "1", 1), row(0, "b", "2", 0)]
     with pytest.raises(ValueError, match="orm_loss=pairwise: no prompt has both"):
-        train_reward_model(cfg, "orm", rows, policy, tmp_path / "orm", warm=False)
+        train_reward_model(cfg, "orm", rows, tiny_policy_dir, tmp_path / "orm", warm=False)
     assert not (tmp_path / "orm").exists()

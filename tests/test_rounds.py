@@ -142,17 +142,13 @@ def test_the_readme_module_map_matches_the_tree():
 
 
 @pytest.mark.slow
-def test_igrpo_eval_gives_best_of_n_for_the_reward_models_given_and_skips_the_rest(tmp_path, capsys):
+def test_igrpo_eval_gives_best_of_n_for_the_reward_models_given_and_skips_the_rest(tmp_path, tiny_dirs, capsys):
     import yaml
 
     from flows.cli import main
-    from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
     from pipeline.rundir import read_json
 
-    tok = char_tokenizer()
-    policy = save_model(tiny_policy(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                                    max_position_embeddings=96, seed=0), tok, tmp_path / "policy")
-    prm = save_model(*reward_model_from_policy(str(policy), "prm"), tmp_path / "prm")
+    policy, prm = tiny_dirs / "policy", tiny_dirs / "prm"
     config = tmp_path / "eval.yaml"
     config.write_text(yaml.safe_dump(mini_config(tmp_path, eval={"num_problems": 4, "samples_per_problem": 4,
                                                                  "max_new_tokens": 24, "best_of_n": [2, 4]})))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
+from models import load_reward_model, reward_model_from_policy
 from pipeline.policy import completion_step_ends, dedupe_steps
 from pipeline.problems import EmbeddedArithmetic
 from pipeline.rewards import (
@@ -29,7 +29,6 @@ from pipeline.steps import (
     token_char_ends,
 )
 
-SIZES = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 96}
 PROMPT = "7 +5 *3 -4\n"
 COMPLETIONS = [
     "7+5=12\n12*3=36\n36-4=32\nAnswer: 32",  # 4 steps, the last without a newline
@@ -164,6 +163,26 @@ def test_checked_non_finite_names_the_sample(bad):
         f(["a", "x\ny", "c"])
 
 
+def _raises(completions, **kwargs):
+    raise KeyError("answer")
+
+
+@pytest.mark.parametrize(
+    ("func", "expected"),
+    [
+        (_raises, r"reward function 'f' raised on a batch of 3: KeyError\('answer'\)"),
+        (lambda c, **k: [1.0] * (len(c) - 1), r"reward function 'f' returned 2 rewards for 3 completions"),
+        (lambda c, **k: [0.0, math.nan, 1.0], r"reward function 'f' returned nan for sample 1 \('b\\\\nc'\)"),
+        (lambda c, **k: [0.0, 1.0, math.inf], r"reward function 'f' returned inf for sample 2 \('d'\)"),
+        (lambda c, **k: [-math.inf, 1.0, 1.0], r"reward function 'f' returned -inf for sample 0 \('a'\)"),
+    ],
+    ids=["raises", "wrong-length", "nan", "inf", "-inf"],
+)
+def test_bad_reward_function_names_function_and_sample(func, expected):
+    with pytest.raises(RewardError, match=expected):
+        checked(func, "f")(["a", "b\nc", "d"])
+
+
 def test_weighted_mix(arithmetic):
     p = arithmetic.train[0]
     verifier = verifier_reward(arithmetic)
@@ -193,16 +212,8 @@ def test_aggregate():
 
 
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory):
-    tok = char_tokenizer()
-    path = tmp_path_factory.mktemp("scorers") / "policy"
-    save_model(tiny_policy(tok, **SIZES, seed=5), tok, path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def prm(policy_dir):
-    model, tok = reward_model_from_policy(str(policy_dir), "prm")
+def prm(tiny_policy_dir):
+    model, tok = reward_model_from_policy(str(tiny_policy_dir), "prm")
     torch.manual_seed(0)
     with torch.no_grad():
         model.score.weight.normal_(std=0.3)  # spread the logits (default init gives ~0.5 everywhere), not saturated
@@ -258,8 +269,8 @@ def test_prm_call_aggregates(prm):
     assert scorer([PROMPT] * 2, COMPLETIONS[:2], aggregation="last") == pytest.approx([s[-1] for s in steps])
 
 
-def test_orm_scorer_length_range_and_batching(policy_dir):
-    model, tok = reward_model_from_policy(str(policy_dir), "orm")
+def test_orm_scorer_length_range_and_batching(tiny_policy_dir):
+    model, tok = reward_model_from_policy(str(tiny_policy_dir), "orm")
     with torch.no_grad():
         model.score.weight.normal_(std=0.3)
     prompts = [PROMPT] * len(COMPLETIONS)
@@ -275,8 +286,8 @@ def test_orm_scorer_length_range_and_batching(policy_dir):
     assert OrmScorer(model, tok).as_reward()(COMPLETIONS, prompts=prompts) == pytest.approx(one, abs=1e-5)
 
 
-def test_prm_with_nan_weights_names_the_sample(policy_dir):
-    model, tok = reward_model_from_policy(str(policy_dir), "prm")
+def test_prm_with_nan_weights_names_the_sample(tiny_policy_dir):
+    model, tok = reward_model_from_policy(str(tiny_policy_dir), "prm")
     # Poison only the embedding of '#': only a completion containing it (sample 2) becomes NaN,
     # so the error must point at that sample, not at the first of the batch.
     with torch.no_grad():
@@ -290,6 +301,15 @@ def test_prm_with_nan_weights_names_the_sample(policy_dir):
             p.fill_(math.nan)
     with pytest.raises(RewardError, match="PRM returned nan for sample 0 .*the reward model is broken"):
         PrmScorer(model, tok).step_scores([PROMPT], ["7+5=12"])
+
+
+def test_prm_emitting_nan_names_the_sample(tiny_dirs):
+    model, tok, _ = load_reward_model(tiny_dirs / "prm", expect="prm")
+    with torch.no_grad():  # only '#' is poisoned: only the completion holding it goes NaN
+        model.model.embed_tokens.weight[tok.convert_tokens_to_ids("#")] = math.nan
+    completions = ["1+1=2\n", "Answer: 2", "1+1=#\nAnswer: 2"]
+    with pytest.raises(RewardError, match=r"PRM returned nan for sample 2 \('1\+1=#\\\\nAnswer: 2'\)"):
+        PrmScorer(model, tok, batch_size=2).step_scores(["1+1\n"] * 3, completions)
 
 
 def test_blank_completion_gets_a_score_at_the_prompt_end(prm):

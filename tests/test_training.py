@@ -21,7 +21,7 @@ from pipeline.problems.arithmetic import answer_slip
 from pipeline.replay import ReplayBuffer, write_shard
 from pipeline.reward_model import evaluate_reward_model, run_reward_model_phase, train_reward_model
 from pipeline.rundir import RunDir
-from tests.conftest import mini_config
+from tests.conftest import SIZES, mini_config
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +32,7 @@ def setup(tmp_path_factory):
     # The quickstart's policy size and SFT budget (about 40 s): a competent but imperfect policy.
     cfg = config_from_dict(mini_config(
         tmp,
-        policy={"tiny": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 384,
-                         "max_position_embeddings": 96}},
+        policy={"tiny": SIZES["trained"]},
         problems={"arithmetic": {"num_train": 3000, "num_test": 40, "min_steps": 2, "max_steps": 3}},
         bootstrap={"sft_args": {"learning_rate": 2e-3, "num_train_epochs": 4, "per_device_train_batch_size": 32,
                                 "lr_scheduler_type": "cosine", "warmup_steps": 20}},

@@ -9,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from models import char_tokenizer, save_model, tiny_policy
+from models import char_tokenizer
 from pipeline.advantages import outcome_advantages, rft_advantages
 from pipeline.config import ConfigError, config_from_dict, grpo_config
 from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs
@@ -51,10 +51,9 @@ def test_rft_config_and_reward_functions(tmp_path):
         config_from_dict(mini_config(tmp_path, supervision={"mode": "rft", "orm_weight": 1.0}), check_trl=False)
 
 
-def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, seen_advantages):
+def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, tiny_policy_dir, seen_advantages):
     """One GRPO step of a tiny policy in rft mode: the loss sees each completion's 0/1 reward, no baseline."""
     tok = char_tokenizer()
-    save_model(tiny_policy(tok, 32, 2, 2, 64, 64, seed=0), tok, tmp_path / "policy")
     cfg = config_from_dict(mini_config(tmp_path, grpo={"max_steps": 1, "per_device_train_batch_size": 4,
                                                         "num_generations": 4, "max_completion_length": 6}),
                            check_trl=False)
@@ -65,7 +64,7 @@ def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, seen_advant
     alternating.__name__ = "verifier"
     seen = seen_advantages
     trainer = ProcessGRPOTrainer(
-        model=str(tmp_path / "policy"), reward_funcs=[alternating], processing_class=tok,
+        model=str(tiny_policy_dir), reward_funcs=[alternating], processing_class=tok,
         args=grpo_config(cfg, str(tmp_path / "scratch"), reward_weights=[1.0]),
         train_dataset=Dataset.from_list([{"prompt": "7 +5\n"}] * 4), supervision="rft",
     )

@@ -1,0 +1,155 @@
+"""Drivers of whole runs for the tests: `igrpo run` in-process (a user error's exit code and message), in a
+subprocess SIGKILLed at a chosen point (the one SIGKILL harness), and the check of a complete mini run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+from mlflow import MlflowClient
+
+from flows.cli import main
+from pipeline.replay import read_shard
+from pipeline.rounds import PHASES
+from pipeline.rundir import RunDir, phase_key, read_json
+from pipeline.tracking import PARENT_TAG
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "mini"  # run.name of mini_config
+
+
+# --- igrpo run in-process: user errors --------------------------------------------------------------------
+
+
+def run_cli(tmp_path, capsys, data, *sets: str) -> tuple[int, str]:
+    """`igrpo run` in-process on `data` (a dict dumped as YAML, or raw text); (exit code, stderr)."""
+    path = tmp_path / "run.yaml"
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    capsys.readouterr()
+    rc = main(["run", str(path), *[a for s in sets for a in ("--set", s)]])
+    return rc, capsys.readouterr().err
+
+
+def assert_user_error(tmp_path, rc: int, err: str, *expected: str) -> None:
+    """rc 2, one `igrpo: error:` message containing every `expected` string, and no run directory."""
+    assert rc == 2, err
+    assert err.startswith("igrpo: error: "), err
+    assert "Traceback" not in err
+    for text in expected:
+        assert text in err, f"{text!r} not in {err!r}"
+    assert not (tmp_path / "runs" / NAME).exists()
+
+
+# --- igrpo run in a subprocess, SIGKILLed ---------------------------------------------------------------
+
+# Run by the subprocess: `igrpo run CONFIG`, optionally held for good inside one call (then killed there).
+HOLD_THEN_RUN = """
+import importlib, os, sys, time
+config, marker, *hold = sys.argv[1:]
+if hold:
+    module, name, needle = hold
+    mod = importlib.import_module(module)
+    real = getattr(mod, name)
+    def held(*args, **kwargs):
+        if any(needle in str(a) for a in (*args, *kwargs.values()) if isinstance(a, (str, os.PathLike))):
+            open(marker, "w").close()
+            time.sleep(600)  # killed here
+        return real(*args, **kwargs)
+    setattr(mod, name, held)
+from flows.cli import main
+sys.exit(main(["run", config]))
+"""
+
+
+class Killed(NamedTuple):
+    reached: bool  # the kill point was reached (False: the run ended or stalled before it)
+    returncode: int | None  # -signal.SIGKILL when killed there
+    log: str  # the tail of the run's stdout and stderr, for failure messages
+
+
+def sigkill_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = None,
+                ready: Callable[[], bool] | None = None, settle: float = 0.0, timeout: float = 400) -> Killed:
+    """`igrpo run` on the config `data` in a subprocess, SIGKILLed at a chosen point.
+
+    hold: (module, function, needle): the first call of `module.function` whose arguments name a path
+        containing `needle` blocks for good, and the run is killed there: deterministic, unlike a kill
+        after a guessed delay.
+    ready: otherwise, a predicate polled every 0.05 s; the run is killed `settle` seconds after it holds.
+    The subprocess has a session of its own: the ephemeral Prefect server it starts is killed with its group.
+    """
+    path = tmp_path / "mini.yaml"
+    path.write_text(yaml.safe_dump(data))
+    marker = tmp_path / "held"
+    if hold is not None:
+        ready = marker.exists
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-sub"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           # Prefect's default 20 s to start the run's own server is too short on a loaded machine (seen: the run
+           # failed at connect, before any phase); 120 s as for the session's harness in conftest.py.
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    env.pop("PREFECT_API_URL", None)
+    log = tmp_path / "killed-run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", HOLD_THEN_RUN, str(path), str(marker), *(hold or ())],
+                                env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + timeout
+    reached = False
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if ready():
+                reached = True
+                time.sleep(settle)
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what the dead run left behind (its Prefect server)
+    return Killed(reached, proc.returncode, log.read_text(errors="replace")[-3000:])
+
+
+# --- a complete mini run ----------------------------------------------------------------------------------
+
+
+def mlflow_structure(experiment: str) -> dict:
+    """Parent, round and phase runs of an experiment, by name."""
+    exp = MlflowClient().get_experiment_by_name(experiment)
+    runs = MlflowClient().search_runs([exp.experiment_id], max_results=1000)
+    by_id = {r.info.run_id: r for r in runs}
+    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
+    children = lambda pid: sorted(r.info.run_name for r in runs if r.data.tags.get(PARENT_TAG) == pid)
+    rounds = {r.info.run_name: r.info.run_id for r in runs if r.data.tags.get(PARENT_TAG) in {p.info.run_id for p in parents}}
+    return {"parents": parents, "rounds": rounds, "phases": {name: children(rid) for name, rid in rounds.items()},
+            "all": by_id}
+
+
+def assert_complete_run(cfg, experiment: str) -> None:
+    """Every phase of every round done, one shard of M x G samples per round, one MLflow run per round and phase."""
+    run_dir, rounds = cfg.run_dir, cfg.run.rounds
+    manifest = read_json(run_dir / "manifest.json")
+    assert set(manifest["phases"]) == {phase_key(r, p) for r in range(rounds + 1) for p in PHASES}
+    # Each shard holds exactly M prompts x G samples of its own round.
+    for r in range(rounds + 1):
+        rows = read_shard(RunDir(run_dir).shard(r))
+        assert len(rows) == cfg.collect.prompts_per_round * cfg.collect.samples_per_prompt
+        assert {x["round"] for x in rows} == {r}
+        assert len({(x["prompt_id"], x["sample_index"]) for x in rows}) == len(rows)
+    s = mlflow_structure(experiment)
+    assert len(s["parents"]) == 1
+    assert sorted(s["rounds"]) == [f"round-{r:03d}" for r in range(rounds + 1)]
+    for name, phases in s["phases"].items():
+        assert phases == sorted(f"{name}-{p}" for p in PHASES)
+    parent = s["parents"][0].info.run_id
+    history = MlflowClient().get_metric_history(parent, "eval/maj_at_4")
+    assert sorted(h.step for h in history) == list(range(rounds + 1))

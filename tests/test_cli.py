@@ -1,0 +1,83 @@
+"""`igrpo run` refuses a bad config file or `--set` override with one clear error, before any work.
+
+User errors go through the CLI in-process (`main([...])` returns 2 and prints `igrpo: error: ...`) and
+must leave no run directory behind.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.cli import main
+from tests._harness import assert_user_error, run_cli
+from tests.conftest import mini_config
+
+pytestmark = pytest.mark.usefixtures("isolated")
+
+
+# --- the config file ------------------------------------------------------------------------------------
+
+
+def test_malformed_yaml(tmp_path, capsys):
+    rc, err = run_cli(tmp_path, capsys, "run:\n  name: [unclosed\n")
+    assert_user_error(tmp_path, rc, err, str(tmp_path / "run.yaml"), "malformed YAML", "line 2")
+
+
+def test_top_level_not_a_mapping(tmp_path, capsys):
+    rc, err = run_cli(tmp_path, capsys, "- run\n- policy\n")
+    assert_user_error(tmp_path, rc, err, str(tmp_path / "run.yaml"), "the top level must be a mapping")
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "expected"),
+    [
+        # unknown keys, at every depth
+        ("collect", {"promts_per_round": 4}, "collect.promts_per_round: unknown key"),
+        ("policy", {"tiny": {"hiden_size": 64}}, "policy.tiny.hiden_size: unknown key"),
+        ("nosuchsection", {"x": 1}, "nosuchsection: unknown key"),
+        # wrong types
+        ("run", {"rounds": "three"}, "run.rounds: Input should be a valid integer"),
+        ("collect", {"temperature": "hot"}, "collect.temperature: Input should be a valid number"),
+        ("reward_model", {"kinds": "prm"}, "reward_model.kinds: Input should be a valid list"),
+        ("grpo", {"learning_rate": "fast"}, "grpo.learning_rate: expected a number, got 'fast'"),
+        ("grpo", {"use_vllm": "yes"}, "grpo.use_vllm: expected true or false"),
+        # out of range
+        ("reward_model", {"replay_fraction": 1.5}, "reward_model.replay_fraction: must be between 0 and 1"),
+        ("run", {"rounds": 0}, "run.rounds: Input should be greater than or equal to 1"),
+        ("grpo", {"num_generations": 1}, "grpo.num_generations: must be at least 2"),
+        ("eval", {"best_of_n": [2, 64]}, "eval.best_of_n [64] must lie in [1, eval.samples_per_problem]"),
+        ("supervision", {"mode": "outcome", "verifier_weight": 0.0}, "outcome mode needs verifier_weight or orm_weight"),
+        # a field TRL's configs reject
+        ("grpo", {"bogus": 1}, "grpo.bogus: not a field of TRL's config"),
+        ("bootstrap", {"sft_args": {"num_epochz": 2}}, "bootstrap.sft_args.num_epochz: not a field of TRL's config"),
+    ],
+)
+def test_bad_config_field_names_it(tmp_path, capsys, section, values, expected):
+    data = mini_config(tmp_path)
+    data.setdefault(section, {}).update(values)
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, str(tmp_path / "run.yaml"), expected)
+
+
+def test_missing_config_file(tmp_path, capsys):
+    capsys.readouterr()
+    rc = main(["run", str(tmp_path / "nope.yaml")])
+    assert_user_error(tmp_path, rc, capsys.readouterr().err, "nope.yaml", "does not exist")
+
+# --- --set overrides ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("run.nope=1", "run.nope: unknown key"),
+        ("nokey", "override 'nokey': expected dotted.key=value"),
+        ("run.rounds.deep=1", "override 'run.rounds.deep=1': run.rounds is not a section"),
+        ("run..rounds=1", "'run..rounds' is not a dotted key"),
+        ("run.rounds=-1", "run.rounds: Input should be greater than or equal to 1"),
+        ("reward_model.replay_fraction=1.5", "reward_model.replay_fraction: must be between 0 and 1"),
+    ],
+)
+def test_bad_override_names_it(tmp_path, capsys, override, expected):
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path), override)
+    assert_user_error(tmp_path, rc, err, expected)

@@ -1,0 +1,144 @@
+"""Bad inputs (data, models, the tracking URI) are one clear error raised before any work.
+
+Where a user meets them, through the CLI in-process: `igrpo run` returns 2, prints one `igrpo: error: ...`
+naming the file, line or field, and leaves no run directory behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from pipeline.config import config_from_dict
+from tests._harness import assert_user_error, run_cli
+from tests.conftest import mini_config
+
+pytestmark = pytest.mark.usefixtures("isolated")
+
+
+# --- data: GSM8K from local jsonl -----------------------------------------------------------------------
+
+
+def row(question: str, answer: str = "Half of 10 is 5.\n#### 5") -> str:
+    return json.dumps({"question": question, "answer": answer})
+
+
+GOOD_TEST = "\n".join(row(f"Test question {i}?") for i in range(3)) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("train_text", "expected"),
+    [
+        (None, "GSM8K file not found: {train}"),
+        ("", "{train} is empty: no GSM8K rows"),
+        ("\n  \n", "{train} is empty: no GSM8K rows"),
+        (row("Q1?") + "\n" + json.dumps({"question": "Q2?"}) + "\n", "{train} line 2: missing or empty field 'answer'"),
+        (json.dumps({"answer": "#### 3"}) + "\n", "{train} line 1: missing or empty field 'question'"),
+        (row("Q1?") + "\n" + row("Q2?", "It is many.\n#### lots") + "\n", "{train} line 2: gold answer 'lots' is not a number"),
+        (row("Q1?", "no marker") + "\n", "{train} line 1: answer has no '#### <number>' line"),
+        (row("Q1?") + "\n" + row("Q2?") + "\n" + row("Q1?") + "\n",
+         "{train} line 3: duplicate question, first seen at {train} line 1"),
+        (row("Q1?") + "\n{not json\n", "{train} line 2: invalid JSON"),
+        ("[1, 2]\n", "{train} line 1: expected a JSON object, got list"),
+    ],
+    ids=["missing", "empty", "blank", "no-answer", "no-question", "bad-gold", "no-marker", "duplicate", "bad-json",
+         "not-object"],
+)
+def test_bad_gsm8k_data_names_file_and_line(tmp_path, capsys, train_text, expected):
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    if train_text is not None:
+        train.write_text(train_text)
+    test.write_text(GOOD_TEST)
+    data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"train_path": str(train), "test_path": str(test)}})
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, expected.format(train=train))
+
+
+def test_gsm8k_test_question_in_train_names_it(tmp_path, capsys):
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text(row("Shared?") + "\n" + row("Only train?") + "\n")
+    test.write_text(row("Only test?") + "\n" + row("Shared?") + "\n")
+    data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"train_path": str(train), "test_path": str(test)}})
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, "1 test question(s) also appear in train", "gsm8k-test-00001")
+
+
+def test_good_gsm8k_data_passes_preflight(tmp_path):
+    # The control for the rows above: the same files, well formed, load.
+    from pipeline.rounds import preflight
+
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text(row("Q1?") + "\n\n" + row("Q2?", "$1,000 in all.\n#### 1,000") + "\n")
+    test.write_text(GOOD_TEST)
+    data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"train_path": str(train), "test_path": str(test)}})
+    preflight(config_from_dict(data, check_trl=False))
+    assert not (tmp_path / "runs").exists()  # preflight writes nothing in the runs dir
+
+# --- models ---------------------------------------------------------------------------------------------
+
+
+def test_missing_model_path(tmp_path, capsys):
+    missing = tmp_path / "checkpoints" / "policy"
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, policy={"model": str(missing)}))
+    assert_user_error(tmp_path, rc, err, f"model path {str(missing)!r} does not exist")
+
+
+def test_model_directory_without_config(tmp_path, capsys):
+    (tmp_path / "empty_ckpt").mkdir()
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, policy={"model": str(tmp_path / "empty_ckpt")}))
+    assert_user_error(tmp_path, rc, err, "empty_ckpt", "has no config.json: not a saved checkpoint")
+
+
+def test_gguf_file_that_is_not_gguf(tmp_path, capsys):
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"<html>404 Not Found</html>")
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, policy={"model": str(fake)}))
+    assert_user_error(tmp_path, rc, err, f"model file {str(fake)!r} is not a GGUF file (bad magic bytes)")
+
+
+def test_package_without_gguf(tmp_path, capsys):
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, policy={"model": "package:yaml"}))
+    assert_user_error(tmp_path, rc, err, "policy 'package:yaml': package 'yaml' ships no .gguf file")
+
+
+def test_tokenizer_without_eos():
+    from models import char_tokenizer
+    from models.factories import _prepare_tokenizer
+
+    tok = char_tokenizer()
+    tok.eos_token = None
+    with pytest.raises(ValueError, match=r"tokenizer of 'some/ckpt' has no eos token: generation could never stop"):
+        _prepare_tokenizer(tok, "some/ckpt")
+
+
+def test_orm_given_where_a_prm_is_needed(tmp_path, tiny_dirs):
+    from pipeline.policy import run_policy_phase
+    from pipeline.problems import EmbeddedArithmetic
+
+    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
+    assert cfg.supervision.mode == "process"
+    out = tmp_path / "round-001" / "policy"
+    with pytest.raises(ValueError, match=re.escape(f"{tiny_dirs / 'orm'}: is an ORM but a PRM is needed here")):
+        run_policy_phase(cfg, EmbeddedArithmetic(num_train=20, num_test=5), tiny_dirs / "policy", out, 1,
+                         reward_model_path=tiny_dirs / "orm")
+    assert not out.parent.exists()  # refused before any training or scratch directory
+
+
+def test_policy_given_where_a_reward_model_is_needed(tiny_dirs):
+    from models import load_reward_model
+
+    with pytest.raises(ValueError, match=r"not a reward model .*LlamaForCausalLM.*expected an ORM or PRM"):
+        load_reward_model(tiny_dirs / "policy", expect="prm")
+
+# --- tracking -------------------------------------------------------------------------------------------
+
+
+def test_unreachable_tracking_uri(tmp_path, capsys):
+    uri = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    start = time.monotonic()
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, tracking={"tracking_uri": uri}))
+    assert time.monotonic() - start < 30
+    assert_user_error(tmp_path, rc, err, f"MLflow tracking URI {uri!r} cannot be used")
