@@ -45,7 +45,7 @@ def _policy(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> 
         return {"path": str(res.policy_path), "metrics": res.metrics}
     prev_rms = manifest.output(r - 1, "reward_model")["paths"]
     kwargs = {"policy_path": manifest.output(r - 1, "policy")["path"], "out_dir": str(out), "round_index": r,
-              "reward_model_path": prev_rms.get("prm"), "orm_path": prev_rms.get("orm")}
+              "reward_models": prev_rms}
     if cfg.launcher.kind == "accelerate":
         from pipeline.launch import launch_phase
 
@@ -98,6 +98,7 @@ def _reward_model(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: st
 def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> dict:
     from pipeline.generation import load_sampling_model
     from pipeline.replay import read_shard
+    from pipeline.reward_model import load_scorer
 
     e = cfg.eval
     problem_set = problem_set_from_config(cfg)
@@ -112,10 +113,10 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     # Best-of-N with this round's RMs on the same samples, beside majority vote and a random pick.
     rms = manifest.output(r, "reward_model")["paths"]
     prompts = [[p.prompt] * len(t) for p, t in zip(problems, ev.texts)]
-    scorers = {kind: _scorer(path, kind, e.batch_size) for kind, path in rms.items()}
+    scorers = {kind: load_scorer(kind, path, cfg.reward_model, e.batch_size) for kind, path in rms.items()}
     for n in e.best_of_n:
         for kind, scorer in scorers.items():
-            scores = [_score(scorer, kind, ps, ts, cfg) for ps, ts in zip(prompts, ev.texts)]
+            scores = [scorer(ps, ts) for ps, ts in zip(prompts, ev.texts)]
             metrics[f"bon/{kind}@{n}"] = best_of_n_accuracy(scores, ev.correct, ev.answers, n)["rm"]
         base = best_of_n_accuracy([[0.0] * len(c) for c in ev.correct], ev.correct, ev.answers, n)
         metrics[f"bon/majority@{n}"], metrics[f"bon/random@{n}"] = base["majority"], base["random"]
@@ -126,8 +127,8 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     rows = read_shard(manifest.output(r, "collect")["path"])
     verifier = sum(x["outcome"] for x in rows) / max(len(rows), 1)
     for kind, path in trained_against.items():
-        scorer = scorers[kind] if path == rms.get(kind) else _scorer(path, kind, e.batch_size)
-        predicted = _score(scorer, kind, [x["prompt"] for x in rows], [x["completion"] for x in rows], cfg)
+        scorer = scorers[kind] if path == rms.get(kind) else load_scorer(kind, path, cfg.reward_model, e.batch_size)
+        predicted = scorer([x["prompt"] for x in rows], [x["completion"] for x in rows])
         metrics[f"monitor/{kind}_gap"] = sum(predicted) / max(len(predicted), 1) - verifier
 
     out_dir = round_dir(cfg.run_dir, r)
@@ -143,20 +144,6 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     across = plot_pass_maj(curves, cfg.run_dir / "pass_maj_rounds.png")
     mlflow.MlflowClient().log_artifact(manifest.data["mlflow"]["parent"], str(across))
     return {"path": str(out_dir / "eval.json"), "metrics": metrics}
-
-
-def _scorer(path: str, kind: str, batch_size: int):
-    from models import load_reward_model
-    from pipeline.rewards import OrmScorer, PrmScorer
-
-    rm, tok, _ = load_reward_model(path, expect=kind)
-    return PrmScorer(rm, tok, batch_size) if kind == "prm" else OrmScorer(rm, tok, batch_size)
-
-
-def _score(scorer, kind: str, prompts: list[str], texts: list[str], cfg: PipelineConfig) -> list[float]:
-    if kind == "prm":
-        return scorer(prompts, texts, aggregation=cfg.reward_model.aggregation)
-    return scorer(prompts, texts)
 
 
 PHASE_FUNCS = {"policy": _policy, "collect": _collect, "reward_model": _reward_model, "eval": _eval}

@@ -97,7 +97,7 @@ def test_top_level_not_a_mapping(tmp_path, capsys):
         ("run", {"rounds": 0}, "run.rounds: Input should be greater than or equal to 1"),
         ("grpo", {"num_generations": 1}, "grpo.num_generations: must be at least 2"),
         ("eval", {"best_of_n": [2, 64]}, "eval.best_of_n [64] must lie in [1, eval.samples_per_problem]"),
-        ("supervision", {"mode": "outcome", "verifier_weight": 0.0}, "outcome mode needs verifier_weight or orm_weight"),
+        ("supervision", {"mode": "outcome", "verifier_weight": 0.0}, "outcome mode needs a weight above 0 in supervision.rewards"),
         # a field TRL's configs reject
         ("grpo", {"bogus": 1}, "grpo.bogus: not a field of TRL's config"),
         ("bootstrap", {"sft_args": {"num_epochz": 2}}, "bootstrap.sft_args.num_epochz: not a field of TRL's config"),
@@ -290,14 +290,14 @@ def test_orm_given_where_a_prm_is_needed(tmp_path, tiny_dirs):
     out = tmp_path / "round-001" / "policy"
     with pytest.raises(ValueError, match=re.escape(f"{tiny_dirs / 'orm'}: is an ORM but a PRM is needed here")):
         run_policy_phase(cfg, EmbeddedArithmetic(num_train=20, num_test=5), tiny_dirs / "policy", out, 1,
-                         reward_model_path=tiny_dirs / "orm")
+                         reward_models={"prm": tiny_dirs / "orm"})
     assert not out.parent.exists()  # refused before any training or scratch directory
 
 
 def test_policy_given_where_a_reward_model_is_needed(tiny_dirs):
     from models import load_reward_model
 
-    with pytest.raises(ValueError, match=r"not a reward model .*LlamaForCausalLM.*expected an ORM or PRM"):
+    with pytest.raises(ValueError, match=r"not a reward model .*LlamaForCausalLM.*expected a PRM or an ORM"):
         load_reward_model(tiny_dirs / "policy", expect="prm")
 
 
@@ -330,7 +330,8 @@ def test_prm_emitting_nan_names_the_sample(tiny_dirs):
     import torch
 
     from models import load_reward_model
-    from pipeline.rewards import PrmScorer, RewardError
+    from pipeline.rewards import RewardError
+    from pipeline.scorers import PrmScorer
 
     model, tok, _ = load_reward_model(tiny_dirs / "prm", expect="prm")
     with torch.no_grad():  # only '#' is poisoned: only the completion holding it goes NaN
