@@ -489,18 +489,17 @@ def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def resume_diff(stored: dict, cfg: PipelineConfig) -> list[str]:
-    """`config_diff` of a run's stored config (its manifest's) against `cfg`, the stored one read by today's model.
+def resumed_config_diff(stored: dict, current: PipelineConfig) -> list[str]:
+    """`config_diff` of a resumed run's stored config against `current`, the stored one read by today's model.
 
-    So a field added since, at its default, or renamed and read under its old name
-    (`supervision.verifier_weight` -> `supervision.rewards`), is no difference: an old run still resumes.
-    A stored config today's model refuses is compared as written, so its differences show.
+    So a field added since (stored without it, at its default now) or read under an old name is no change.
+    A stored config today's model refuses (a field since removed) is compared as it was stored.
     """
     try:
         stored = PipelineConfig.model_validate(stored).model_dump(mode="json")
     except ValidationError:
         pass
-    return config_diff(stored, cfg.model_dump(mode="json"))
+    return config_diff(stored, current.model_dump(mode="json"))
 
 
 def config_reference() -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import tracking
-from pipeline.config import PipelineConfig, resume_diff
+from pipeline.config import PipelineConfig, resumed_config_diff
 from pipeline.fsutil import read_json, write_json_atomic
 
 PHASES = ("policy", "collect", "reward_model", "eval")
@@ -147,7 +147,7 @@ def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
         manifest = Manifest.load(run_dir)
     except FileNotFoundError:
         manifest = Manifest(run_dir, {"config": current, "phases": {}, "mlflow": {}})
-    diff = resume_diff(manifest.data["config"], cfg)
+    diff = resumed_config_diff(manifest.data["config"], cfg)
     if diff and not force:
         raise RunDirError(
             f"{run_dir} was started with another config; differing keys:\n  " + "\n  ".join(diff)

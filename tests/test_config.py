@@ -18,7 +18,7 @@ from pipeline.config import (
     config_from_dict,
     load_config,
     parse_override,
-    resume_diff,
+    resumed_config_diff,
 )
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
@@ -174,16 +174,16 @@ def test_an_old_run_directorys_config_reads_as_todays_defaults():
     assert stored["supervision"]["verifier_weight"] == 1.0 and "rewards" not in stored["supervision"]
     assert PipelineConfig.model_validate(stored) == PipelineConfig()
     # So resuming it is no change, while a real change still shows.
-    assert resume_diff(stored, PipelineConfig()) == []
+    assert resumed_config_diff(stored, PipelineConfig()) == []
     changed = config_from_dict({"supervision": {"rewards": {"verifier": 1.0, "orm": 0.5}}}, check_trl=False)
-    assert resume_diff(stored, changed) == ["supervision.rewards.orm: None -> 0.5"]
+    assert resumed_config_diff(stored, changed) == ["supervision.rewards.orm: None -> 0.5"]
     # A field added later, stored nowhere, is no change at its default.
     del stored["collect"]["gpus_per_worker"]
-    assert resume_diff(stored, PipelineConfig()) == []
+    assert resumed_config_diff(stored, PipelineConfig()) == []
     # An outcome run of that time, verifier 0 and ORM 1: the same config as the one written with rewards.
     stored["supervision"].update(mode="outcome", verifier_weight=0.0, orm_weight=1.0)
     now = config_from_dict({"supervision": {"mode": "outcome", "rewards": {"orm": 1.0}}}, check_trl=False)
-    assert resume_diff(stored, now) == []
+    assert resumed_config_diff(stored, now) == []
 
 
 def test_run_name_that_is_safe_is_kept():
