@@ -69,7 +69,7 @@ def arm_overrides(arm: str, smoke: bool) -> list[str]:
     n = 16 if smoke else 64  # the prm arm's eval samples: Maj@K / Pass@K and best-of-N for N = 1..n
     return {
         "prm": [f"eval.samples_per_problem={n}", f"eval.best_of_n={[1 << e for e in range(n.bit_length())]}"],
-        "orm": ["supervision.mode=outcome", "supervision.verifier_weight=0", "supervision.orm_weight=1"],
+        "orm": ["supervision.mode=outcome", "supervision.rewards={orm: 1.0}"],
         "verifier": ["supervision.mode=outcome"],
         "rft": ["supervision.mode=rft"],
         "frozen": ["reward_model.retrain=false"],

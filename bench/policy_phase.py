@@ -21,7 +21,8 @@ from models.factories import load_tokenizer
 from pipeline.config import grpo_config, load_config
 from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, round_prompts
 from pipeline.problems import problem_set_from_config
-from pipeline.rewards import PrmScorer, verifier_reward
+from pipeline.rewards import verifier_reward
+from pipeline.scorers import PrmScorer
 
 
 class StepTimer(TrainerCallback):
@@ -64,7 +65,7 @@ def main() -> None:
                                   train_dataset=data, processing_class=tok, callbacks=[timer])
         else:
             mode = "outcome" if kind == "outcome" else "process"
-            funcs, _ = build_reward_funcs(cfg.model_copy(update={"supervision": cfg.supervision.model_copy(update={"mode": mode})}), ps, None)
+            funcs, _ = build_reward_funcs(cfg.model_copy(update={"supervision": cfg.supervision.model_copy(update={"mode": mode})}), ps, {})
             prm = None
             if mode == "process":
                 from models import load_reward_model

@@ -62,7 +62,7 @@ def _kind_paths(pairs: list[str], option: str) -> dict[str, str]:
 
 
 def cmd_grpo(args) -> None:
-    from pipeline.policy import run_policy_phase
+    from pipeline.policy import reward_models_needed, run_policy_phase
     from pipeline.problems import problem_set_from_config
     from pipeline.tracking import resolve_model_uri
 
@@ -70,8 +70,7 @@ def cmd_grpo(args) -> None:
     rm = resolve_model_uri(args.reward_model) if args.reward_model else None
     res = run_policy_phase(
         cfg, problem_set_from_config(cfg), args.policy, args.out, args.round,
-        reward_model_path=rm if cfg.supervision.mode == "process" else None,
-        orm_path=rm if cfg.supervision.mode == "outcome" else None,
+        reward_models={kind: rm for kind in reward_models_needed(cfg)} if rm else None,
     )
     print(json.dumps({"policy": str(res.policy_path), **res.metrics}, indent=2))
 
@@ -149,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="also write the figures to this JSON file (eval.json's format)")
     s = cmd("grpo", cmd_grpo, "One GRPO phase (outcome or process supervision) from a policy.")
     s.add_argument("--policy", required=True)
-    s.add_argument("--reward-model", help="PRM (process) or ORM (outcome with orm_weight): path or models:/name@alias")
+    s.add_argument("--reward-model", help="PRM (process) or ORM (an orm reward): path or models:/name@alias")
     s.add_argument("--out", required=True, help="where the new policy checkpoint goes")
     s.add_argument("--round", type=int, default=1, help="round index (seeds the prompt draw)")
     s = cmd("collect", cmd_collect, "Sample a policy and label its samples (verifier + MC step labels).")

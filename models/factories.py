@@ -29,7 +29,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-RM_KINDS = {"orm": AutoModelForSequenceClassification, "prm": AutoModelForTokenClassification}
+# The head of each reward-model kind: it builds, loads and saves the RM, and a checkpoint's architecture
+# (`LlamaForTokenClassification`) tells its kind. What the pipeline does with a kind (training examples,
+# scorer, LoRA task type) is its other half, `pipeline.reward_model.RM_KINDS`, keyed alike.
+RM_HEADS = {"prm": AutoModelForTokenClassification, "orm": AutoModelForSequenceClassification}
 
 
 def tiny_policy(
@@ -133,24 +136,33 @@ def reward_model_from_policy(spec: str, kind: str) -> tuple[PreTrainedModel, Pre
 
     The backbone weights come from the policy; the head is new (round 0 of the loop).
     """
-    if kind not in RM_KINDS:
-        raise ValueError(f"reward model kind must be one of {sorted(RM_KINDS)}, got {kind!r}")
+    if kind not in RM_HEADS:
+        raise ValueError(f"reward model kind must be one of {sorted(RM_HEADS)}, got {kind!r}")
     path, gguf = resolve_spec(spec)
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
-    model = _dequantized(RM_KINDS[kind].from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32))
+    model = _dequantized(RM_HEADS[kind].from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32))
     model.config.pad_token_id = tokenizer.pad_token_id  # sequence classification reads the last non-pad token
     return model, tokenizer
 
 
 def reward_model_kind(path: str | os.PathLike) -> str:
-    """'orm' or 'prm', read from a saved reward model's config (its head decides)."""
+    """The kind ('prm', 'orm') of a saved reward model, read from its config's architecture (its head decides)."""
     config = AutoConfig.from_pretrained(str(path))
-    archs = " ".join(config.architectures or [])
-    if "ForTokenClassification" in archs:
-        return "prm"
-    if "ForSequenceClassification" in archs:
-        return "orm"
-    raise ValueError(f"{path}: not a reward model (architectures {config.architectures}); expected an ORM or PRM")
+    for kind, head in RM_HEADS.items():
+        suffix = head.__name__.removeprefix("AutoModel")  # LlamaForTokenClassification ends in ForTokenClassification
+        if any(arch.endswith(suffix) for arch in config.architectures or []):
+            return kind
+    expected = " or ".join(kind_name(kind) for kind in RM_HEADS)
+    raise ValueError(f"{path}: not a reward model (architectures {config.architectures}); expected {expected}")
+
+
+def kind_name(kind: str) -> str:
+    """The kind said as letters, with its article, for messages.
+
+    >>> kind_name("prm"), kind_name("orm")
+    ('a PRM', 'an ORM')
+    """
+    return f"{'an' if kind[0].upper() in 'AEFHILMNORSX' else 'a'} {kind.upper()}"
 
 
 def load_reward_model(
@@ -160,10 +172,9 @@ def load_reward_model(
     resolved, _ = resolve_spec(str(path))
     kind = reward_model_kind(resolved)
     if expect is not None and kind != expect:
-        article = {"orm": "an", "prm": "a"}
-        raise ValueError(f"{path}: is {article[kind]} {kind.upper()} but {article[expect]} {expect.upper()} is needed here")
+        raise ValueError(f"{path}: is {kind_name(kind)} but {kind_name(expect)} is needed here")
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(resolved), str(path))
-    model = RM_KINDS[kind].from_pretrained(resolved, dtype=torch.float32)
+    model = RM_HEADS[kind].from_pretrained(resolved, dtype=torch.float32)
     return model, tokenizer, kind
 
 

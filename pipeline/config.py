@@ -10,10 +10,13 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from pipeline.problems import KNOWN_KINDS, PROBLEM_SETS
+from pipeline.rewards import reward_spec
 
 
 class _Loader(yaml.SafeLoader):
@@ -84,45 +87,21 @@ class PolicyConfig(Section):
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter instead of all weights (merged on save).")
 
 
-class ArithmeticConfig(Section):
-    num_train: int = Field(2000, ge=1, description="Training problems (GRPO prompts, collection prompts, SFT).")
-    num_test: int = Field(200, ge=1, description="Held-out problems for evaluation.")
-    min_steps: int = Field(2, ge=1, description="Fewest operations in a problem.")
-    max_steps: int = Field(3, ge=1, description="Most operations in a problem.")
-    start_range: tuple[int, int] = Field((1, 20), description="Range of the start value, inclusive.")
-    operand_range: tuple[int, int] = Field((1, 9), description="Range of the operands, inclusive.")
-    operators: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1, description="Operators used.")
-    max_value: int = Field(99, ge=1, description="Every intermediate value stays in [0, max_value].")
-    sft_noise: float = Field(0.0, ge=0, le=1, description=(
-        "Share of SFT solutions whose Answer line copies the first step's result: imperfect SFT data, "
-        "a habit RL can unlearn (answers, step labels and tests unaffected)."))
-
+class _ProblemsSection(Section):
     @model_validator(mode="after")
-    def _ordered(self):
-        if self.min_steps > self.max_steps:
-            raise ValueError(f"min_steps {self.min_steps} is above max_steps {self.max_steps}")
+    def _selected_set_builds(self):
+        getattr(self, self.kind).check_selected()  # only the chosen set's section must be complete
         return self
 
 
-class GSM8KConfig(Section):
-    train_path: str | None = Field(None, description="Local jsonl of training problems (GSM8K's format).")
-    test_path: str | None = Field(None, description="Local jsonl of held-out problems.")
-    hub_name: str | None = Field(None, description="Hub dataset name instead of local files (e.g. openai/gsm8k).")
-    num_train: int | None = Field(None, ge=1, description="Use only the first N training problems.")
-    num_test: int | None = Field(None, ge=1, description="Use only the first N held-out problems.")
-
-
-class ProblemsConfig(Section):
-    kind: Literal["arithmetic", "gsm8k"] = Field("arithmetic", description="Which problem set.")
-    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig, description="The embedded problem set.")
-    gsm8k: GSM8KConfig = Field(default_factory=GSM8KConfig, description="GSM8K from local jsonl or the hub.")
-
-    @model_validator(mode="after")
-    def _gsm8k_source(self):
-        g = self.gsm8k
-        if self.kind == "gsm8k" and not g.hub_name and not (g.train_path and g.test_path):
-            raise ValueError("gsm8k needs gsm8k.train_path and gsm8k.test_path, or gsm8k.hub_name")
-        return self
+# `problems:`: `kind` and one section per problem set (`problems.arithmetic.*`...), from the registry.
+ProblemsConfig = create_model(
+    "ProblemsConfig",
+    __base__=_ProblemsSection,
+    kind=(Literal[KNOWN_KINDS], Field("arithmetic", description="Which problem set.")),
+    **{kind: (p.config, Field(default_factory=p.config, description=p.description))
+       for kind, p in PROBLEM_SETS.items()},
+)
 
 
 class BootstrapConfig(Section):
@@ -136,17 +115,41 @@ class SupervisionConfig(Section):
     mode: Literal["outcome", "process", "rft"] = Field("process", description=(
         "GRPO advantages: outcome, process (PRM), or rft (Online RFT, DeepSeekMath §5.2.1: 1 for a correct "
         "sample, 0 otherwise; no baseline, no negative advantages)."))
-    verifier_weight: float = Field(1.0, ge=0, description="Outcome mode: weight of the verifier's 0/1 reward.")
-    orm_weight: float = Field(0.0, ge=0, description="Outcome mode: weight of the ORM's score (needs an ORM).")
+    rewards: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=lambda: {"verifier": 1.0}, description=(
+        "Outcome mode: reward function -> weight, e.g. {verifier: 1.0, orm: 0.5} (names: pipeline/rewards.py); "
+        "the verifier runs at weight 0 too, for its logged accuracy. Replaces verifier_weight / orm_weight, "
+        "still read."))
     prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_weights(cls, data: Any) -> Any:
+        # The weights were two fields before `rewards`: YAML files and run manifests of that time still load,
+        # to the config they meant (a zero weight is no entry, so old defaults equal today's).
+        if not isinstance(data, dict) or not {"verifier_weight", "orm_weight"} & data.keys():
+            return data
+        if "rewards" in data:
+            raise ValueError("give supervision.rewards or the older verifier_weight / orm_weight, not both")
+        data = dict(data)
+        old = {"verifier": data.pop("verifier_weight", 1.0), "orm": data.pop("orm_weight", 0.0)}
+        data["rewards"] = {name: w for name, w in old.items() if w != 0}
+        return data
+
+    @field_validator("rewards")
+    @classmethod
+    def _known_rewards(cls, v: dict[str, float]) -> dict[str, float]:
+        for name in v:
+            reward_spec(name)  # an unknown name: ValueError listing the known ones
+        return v
 
     @model_validator(mode="after")
     def _some_reward(self):
-        if self.mode == "outcome" and self.verifier_weight == 0 and self.orm_weight == 0:
-            raise ValueError("outcome mode needs verifier_weight or orm_weight above 0")
-        if self.mode == "rft" and self.orm_weight > 0:
-            raise ValueError("rft mode rewards the verifier's correct samples only: set orm_weight to 0 "
-                             "(or use mode: outcome for an ORM reward)")
+        if self.mode == "outcome" and not any(w > 0 for w in self.rewards.values()):
+            raise ValueError("outcome mode needs a weight above 0 in supervision.rewards, e.g. {verifier: 1.0}")
+        others = [name for name, w in self.rewards.items() if name != "verifier" and w > 0]
+        if self.mode == "rft" and others:
+            raise ValueError(f"rft mode rewards the verifier's correct samples only: drop {', '.join(others)} from "
+                             "supervision.rewards (or use mode: outcome to mix them in)")
         return self
 
 
@@ -180,7 +183,7 @@ class CollectConfig(SamplingConfig):
 
 
 class RewardModelConfig(Section):
-    kinds: list[Literal["prm", "orm"]] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
+    kinds: list[str] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
     target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")
     aggregation: Literal["min", "last", "product"] = Field("min", description="A solution's PRM score from its steps.")
     orm_loss: Literal["bce", "pairwise"] = Field(
@@ -193,6 +196,16 @@ class RewardModelConfig(Section):
     holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
     train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")
+
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, v: list[str]) -> list[str]:
+        from pipeline.reward_model import RM_KINDS  # the table of RM kinds; here, since it imports transformers
+
+        unknown = [kind for kind in v if kind not in RM_KINDS]
+        if unknown:
+            raise ValueError(f"unknown reward model kind {unknown[0]!r}; known: {', '.join(RM_KINDS)}")
+        return v
 
     @field_validator("replay_fraction", "holdout_fraction")
     @classmethod
@@ -282,8 +295,10 @@ class PipelineConfig(Section):
     def _consistent(self):
         if self.supervision.mode == "process" and "prm" not in self.reward_model.kinds:
             raise ValueError("reward_model.kinds must include 'prm' when supervision.mode is 'process'")
-        if self.supervision.orm_weight > 0 and "orm" not in self.reward_model.kinds:
-            raise ValueError("reward_model.kinds must include 'orm' when supervision.orm_weight > 0")
+        for name, weight in self.supervision.rewards.items():
+            kind = reward_spec(name).reward_model
+            if weight > 0 and kind is not None and kind not in self.reward_model.kinds:
+                raise ValueError(f"reward_model.kinds must include {kind!r} when supervision.rewards.{name} > 0")
         bad = [n for n in self.eval.best_of_n if not 1 <= n <= self.eval.samples_per_problem]
         if bad:
             raise ValueError(f"eval.best_of_n {bad} must lie in [1, eval.samples_per_problem]")
@@ -498,7 +513,7 @@ def config_reference() -> str:
         out = []
         for name, f in model.model_fields.items():
             ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, Section):
+            if isinstance(ann, type) and issubclass(ann, BaseModel):  # a section: Section, a problem set's
                 out += rows(ann, f"{prefix}{name}.")
             else:
                 default = f.get_default(call_default_factory=True)

@@ -46,6 +46,7 @@ def run_eval_phase(
         json_path, plot_path: where eval.json and the Pass@K / Maj@K plot go (None: not written).
     """
     from pipeline.generation import load_sampling_model
+    from pipeline.reward_model import load_scorer
 
     e = cfg.eval
     problem_set = problem_set_from_config(cfg)
@@ -56,7 +57,7 @@ def run_eval_phase(
         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + round_index,
     )
     metrics = {f"eval/{k}": v for k, v in ev.metrics.items()}
-    scorers = {kind: solution_scorer(cfg, kind, path) for kind, path in (reward_models or {}).items()}
+    scorers = {kind: load_scorer(kind, path, cfg.reward_model, e.batch_size) for kind, path in (reward_models or {}).items()}
 
     # Best-of-N with each RM on the same samples, beside majority vote and a random pick.
     prompts = [[p.prompt] * len(t) for p, t in zip(problems, ev.texts)]
@@ -69,7 +70,8 @@ def run_eval_phase(
 
     if trained_against and shard_path:
         for kind, path in trained_against.items():
-            score = scorers[kind] if path == (reward_models or {}).get(kind) else solution_scorer(cfg, kind, path)
+            same = path == (reward_models or {}).get(kind)
+            score = scorers[kind] if same else load_scorer(kind, path, cfg.reward_model, e.batch_size)
             metrics[f"monitor/{kind}_gap"] = hacking_gap(score, shard_path)
 
     curve = {k: v for k, v in ev.metrics.items() if "@" in k}
@@ -96,15 +98,3 @@ def hacking_gap(score: Scorer, shard_path: str | Path) -> float:
 def plot_rounds(curves: dict[int, dict[str, float]], path: Path) -> Path:
     """Pass@K and Maj@K against K, one line per round (DeepSeekMath Fig. 7 across rounds)."""
     return plot_pass_maj({f"round {r}": c for r, c in sorted(curves.items())}, path)
-
-
-def solution_scorer(cfg: PipelineConfig, kind: str, path: str | Path) -> Scorer:
-    """The RM at `path` as a function of (prompts, completions) -> one solution score each."""
-    from models import load_reward_model
-    from pipeline.rewards import OrmScorer, PrmScorer
-
-    rm, tok, _ = load_reward_model(str(path), expect=kind)
-    if kind == "prm":
-        prm = PrmScorer(rm, tok, cfg.eval.batch_size)
-        return lambda prompts, texts: prm(prompts, texts, aggregation=cfg.reward_model.aggregation)
-    return OrmScorer(rm, tok, cfg.eval.batch_size)

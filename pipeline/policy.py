@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import Dataset
 from trl import GRPOTrainer
 
-from models import load_reward_model, save_model
-from models.factories import load_tokenizer, lora_config
+from models import save_model
+from models.factories import kind_name, load_tokenizer, lora_config
 from pipeline.advantages import process_advantages, rft_advantages
 from pipeline.config import PipelineConfig, grpo_config
 from pipeline.problems import ProblemSet
-from pipeline.rewards import OrmScorer, PrmScorer, checked, verifier_reward
+from pipeline.reward_model import load_scorer
+from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_spec
+from pipeline.scorers import PrmScorer
 from pipeline.steps import char_to_token_ends, scored_step_ends, token_char_ends
 
 
@@ -136,16 +139,23 @@ def round_prompts(problem_set: ProblemSet, count: int, seed: int, round_index: i
     return Dataset.from_list(rows[: min(count, len(rows))])
 
 
-def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, orm: OrmScorer | None):
-    """Reward functions and weights for GRPOTrainer (in process mode the verifier is there for logging only;
-    in rft mode it is the reward, weight 1)."""
-    funcs, weights = [checked(verifier_reward(problem_set), "verifier")], [cfg.supervision.verifier_weight]
-    if cfg.supervision.mode == "outcome" and cfg.supervision.orm_weight > 0:
-        funcs.append(checked(orm.as_reward(), "orm"))
-        weights.append(cfg.supervision.orm_weight)
-    if cfg.supervision.mode in ("process", "rft"):
-        weights = [1.0]
-    return funcs, weights
+def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, scorers: Mapping[str, SolutionScorer]):
+    """Reward functions and weights for GRPOTrainer, from `supervision.rewards` through the registry
+    (`pipeline.rewards.active_rewards`: in process mode the verifier is there for logging only; in rft mode
+    it is the reward, weight 1). `scorers`: RM kind -> the loaded scorer a reward function needs."""
+    weights = active_rewards(cfg.supervision.mode, cfg.supervision.rewards)
+    return [build_reward_func(name, problem_set, scorers) for name in weights], list(weights.values())
+
+
+def reward_models_needed(cfg: PipelineConfig) -> dict[str, str]:
+    """The RM kinds the GRPO phase loads, each with the setting that needs it: the PRM in process mode, and
+    the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome mode)."""
+    needed = {"prm": "process supervision"} if cfg.supervision.mode == "process" else {}
+    for name in active_rewards(cfg.supervision.mode, cfg.supervision.rewards):
+        kind = reward_spec(name).reward_model
+        if kind is not None:
+            needed.setdefault(kind, f"supervision.rewards.{name} > 0")
+    return needed
 
 
 def run_policy_phase(
@@ -154,30 +164,25 @@ def run_policy_phase(
     policy_path: str | Path,
     out_dir: str | Path,
     round_index: int,
-    reward_model_path: str | Path | None = None,
-    orm_path: str | Path | None = None,
+    reward_models: Mapping[str, str | Path] | None = None,
     report_to: str = "none",
     callbacks=None,
 ) -> PolicyPhaseResult:
     """One round of GRPO from `policy_path`, saved to `out_dir`.
 
     The reference model is the round's starting policy (π_ref ← π_θ): TRL loads it from the same path.
-    In process mode `reward_model_path` is the PRM; in outcome mode with `orm_weight > 0`, `orm_path`.
+    `reward_models`: RM kind -> checkpoint, for those the mode and rewards need (`reward_models_needed`):
+    the PRM in process mode, the ORM for an `orm` reward; others are ignored.
     """
     mode = cfg.supervision.mode
     # Reward models first: a wrong path or a wrong kind fails before any training.
-    prm = orm = None
-    if mode == "process":
-        if reward_model_path is None:
-            raise ValueError("process supervision needs a PRM: give --reward-model PATH")
-        model, tok, _ = load_reward_model(reward_model_path, expect="prm")
-        prm = PrmScorer(model, tok, batch_size=cfg.collect.batch_size)
-    if mode == "outcome" and cfg.supervision.orm_weight > 0:
-        if orm_path is None:
-            raise ValueError("supervision.orm_weight > 0 needs an ORM: give --reward-model PATH")
-        model, tok, _ = load_reward_model(orm_path, expect="orm")
-        orm = OrmScorer(model, tok, batch_size=cfg.collect.batch_size)
-    funcs, weights = build_reward_funcs(cfg, problem_set, orm)
+    scorers = {}
+    for kind, why in reward_models_needed(cfg).items():
+        if (reward_models or {}).get(kind) is None:
+            raise ValueError(f"{why} needs {kind_name(kind)}: give --reward-model PATH")
+        scorers[kind] = load_scorer(kind, reward_models[kind], cfg.reward_model, batch_size=cfg.collect.batch_size)
+    prm = scorers.get("prm")
+    funcs, weights = build_reward_funcs(cfg, problem_set, scorers)
     data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index)
 
     lo = cfg.policy.lora
@@ -193,9 +198,8 @@ def run_policy_phase(
         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
         prm_scorer=prm, supervision=mode,
     )
-    for scorer in (prm, orm):  # on this process's device (its own GPU under accelerate launch)
-        if scorer is not None:
-            scorer.model.to(trainer.accelerator.device)
+    for scorer in scorers.values():  # on this process's device (its own GPU under accelerate launch)
+        scorer.model.to(trainer.accelerator.device)
     try:
         trainer.train()
     finally:

@@ -6,6 +6,10 @@
   the step's closing newline standing in for the tag token), target HE or SE.
 Both train with transformers' Trainer; round 0 starts from the policy's backbone with a new head, later
 rounds from the previous round's RM (DeepSeekMath Algorithm 1: "continuous training").
+
+What differs between the kinds is one table, `RM_KINDS` (examples, trainer, scorer, metrics, LoRA task
+type), beside each kind's head in `models.factories.RM_HEADS`; `load_scorer` is how every phase scores
+with a checkpoint. A new kind is a head there, a scorer in `pipeline/scorers.py` and an entry here.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import random
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -23,10 +28,10 @@ from transformers import Trainer, TrainingArguments
 
 from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora
-from pipeline.config import PipelineConfig, device_defaults
+from pipeline.config import PipelineConfig, RewardModelConfig, device_defaults
 from pipeline.replay import ReplayBuffer
-from pipeline.rewards import OrmScorer, PrmScorer, aggregate
 from pipeline.rundir import RunDir
+from pipeline.scorers import OrmScorer, PrmScorer, aggregate
 from pipeline.steps import char_to_token_ends, step_char_ends
 
 
@@ -130,6 +135,98 @@ def bce_loss(outputs, labels, num_items_in_batch=None):
     return torch.nn.functional.binary_cross_entropy_with_logits(logits[keep], labels[keep].float())
 
 
+# --- the kinds ------------------------------------------------------------------------------------
+
+
+def _orm_examples(rows: list[dict], tokenizer, rm: RewardModelConfig) -> list[dict]:
+    if rm.orm_loss != "pairwise":
+        return orm_examples(rows, tokenizer)
+    pairs = orm_pairs(rows, tokenizer)
+    if not pairs:
+        raise ValueError("reward_model.orm_loss=pairwise: no prompt has both a correct and an incorrect "
+                         "completion in the training rows; use orm_loss: bce or sample more per prompt")
+    return pairs
+
+
+def _orm_metrics(scorer: OrmScorer, rows: list[dict]) -> dict[str, float]:
+    """Held-out ORM quality against the verifier's outcomes."""
+    s = scorer([r["prompt"] for r in rows], [r["completion"] for r in rows])
+    outcomes = [r["outcome"] for r in rows]
+    return {"orm/auc": auc(s, outcomes), "orm/accuracy": accuracy(s, outcomes), "orm/mean_score": _mean(s)}
+
+
+def _prm_metrics(scorer: PrmScorer, rows: list[dict]) -> dict[str, float]:
+    """Held-out PRM quality: step AUC/accuracy against MC (HE) and gold labels, solution AUC against outcomes."""
+    steps = scorer.step_scores([r["prompt"] for r in rows], [r["completion"] for r in rows])
+    out: dict[str, float] = {}
+    for name, key in (("mc", "he_labels"), ("gold", "gold_labels")):
+        pairs = [(s, y) for sc, r in zip(steps, rows) if r[key] and len(r[key]) == len(sc) for s, y in zip(sc, r[key])]
+        if pairs:
+            out[f"prm/step_auc_{name}"] = auc(*zip(*pairs))
+            out[f"prm/step_accuracy_{name}"] = accuracy(*zip(*pairs))
+    solution = [aggregate(s, scorer.aggregation) for s in steps]
+    out["prm/solution_auc"] = auc(solution, [r["outcome"] for r in rows])
+    out["prm/mean_score"] = _mean(solution)
+    return out
+
+
+@dataclass(frozen=True)
+class RewardModelKind:
+    """What the pipeline does differently for one kind of reward model (its head: `models.factories.RM_HEADS`).
+
+    Attributes:
+        examples: (training rows, tokenizer, `reward_model:` config) -> training examples: `input_ids` and
+            `labels` for BCE, TRL's `chosen_ids` / `rejected_ids` when `pairwise`.
+        pairwise: (`reward_model:` config) -> True to train with TRL's RewardTrainer on pairs, else BCE.
+        scorer: (model, tokenizer, batch size, `reward_model:` config) -> its scorer (`pipeline.scorers`):
+            `scorer(prompts, completions)` is one score per solution; `scorer.model` is the model.
+        metrics: (scorer, held-out rows) -> RM quality, `<kind>/...`.
+        lora_task_type: peft's task type of its head.
+    """
+
+    examples: Callable[[list[dict], Any, RewardModelConfig], list[dict]]
+    pairwise: Callable[[RewardModelConfig], bool]
+    scorer: Callable[[Any, Any, int, RewardModelConfig], Callable[[Sequence[str], Sequence[str]], list[float]]]
+    metrics: Callable[[Any, list[dict]], dict[str, float]]
+    lora_task_type: str
+
+
+RM_KINDS: dict[str, RewardModelKind] = {
+    "prm": RewardModelKind(
+        examples=lambda rows, tokenizer, rm: prm_examples(rows, tokenizer, rm.target),
+        pairwise=lambda rm: False,
+        scorer=lambda model, tokenizer, batch_size, rm: PrmScorer(model, tokenizer, batch_size, rm.aggregation),
+        metrics=_prm_metrics,
+        lora_task_type="TOKEN_CLS",
+    ),
+    "orm": RewardModelKind(
+        examples=_orm_examples,
+        pairwise=lambda rm: rm.orm_loss == "pairwise",
+        scorer=lambda model, tokenizer, batch_size, rm: OrmScorer(model, tokenizer, batch_size),
+        metrics=_orm_metrics,
+        lora_task_type="SEQ_CLS",
+    ),
+}
+
+
+def rm_kind(kind: str) -> RewardModelKind:
+    """The table entry of `kind`; an unknown kind is a ValueError listing the known ones."""
+    if kind not in RM_KINDS:
+        raise ValueError(f"unknown reward model kind {kind!r}; known: {', '.join(RM_KINDS)}")
+    return RM_KINDS[kind]
+
+
+def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: int = 64):
+    """The scorer of the `kind` checkpoint at `path`: `scorer(prompts, completions)` gives one score per solution.
+
+    A PRM's solution score aggregates its step scores by `rm.aggregation`. A checkpoint of another kind
+    is refused (`models.load_reward_model`'s `expect`), before any scoring.
+    """
+    spec = rm_kind(kind)
+    model, tokenizer, _ = load_reward_model(path, expect=kind)
+    return spec.scorer(model, tokenizer, batch_size, rm)
+
+
 # --- training -------------------------------------------------------------------------------------
 
 
@@ -149,35 +246,28 @@ def train_reward_model(
     report_to: str = "none",
     callbacks=None,
 ) -> Path:
-    """Train one RM (`kind` 'orm' or 'prm') on `rows` from `init` (a previous RM if `warm`, else the policy).
+    """Train one RM of `kind` (a key of `RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else the policy).
 
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
     transformers' Trainer and `bce_loss`.
     """
+    spec = rm_kind(kind)
     if warm:
         model, tokenizer, _ = load_reward_model(init, expect=kind)
     else:
         torch.manual_seed(cfg.run.seed)  # the new head's init: the same on a resumed run
         model, tokenizer = reward_model_from_policy(str(init), kind)
-    pairwise = kind == "orm" and cfg.reward_model.orm_loss == "pairwise"
-    if pairwise:
-        examples = orm_pairs(rows, tokenizer)
-        if not examples:
-            raise ValueError("reward_model.orm_loss=pairwise: no prompt has both a correct and an incorrect "
-                             "completion in the training rows; use orm_loss: bce or sample more per prompt")
-    else:
-        examples = prm_examples(rows, tokenizer, cfg.reward_model.target) if kind == "prm" else orm_examples(rows, tokenizer)
+    examples = spec.examples(rows, tokenizer, cfg.reward_model)
     if not examples:
         raise ValueError(f"no {kind.upper()} training examples: the shard has no completion with a step")
     if cfg.reward_model.lora:
         lo = cfg.reward_model.lora
-        model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules,
-                           "TOKEN_CLS" if kind == "prm" else "SEQ_CLS")
+        model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, spec.lora_task_type)
     defaults = {"report_to": report_to, "save_strategy": "no", "seed": cfg.run.seed, "remove_unused_columns": False,
                 "run_name": f"{kind}-training", **device_defaults()}
     # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.
     scratch = Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
-    if pairwise:
+    if spec.pairwise(cfg.reward_model):
         from trl import RewardConfig, RewardTrainer
 
         args = RewardConfig(output_dir=str(scratch), max_length=None, **{**defaults, **cfg.reward_model.train_args})
@@ -196,25 +286,12 @@ def train_reward_model(
     return save_model(trainer.model, tokenizer, out_dir)
 
 
-def evaluate_reward_model(path: str | Path, kind: str, rows: list[dict], aggregation: str = "min") -> dict[str, float]:
-    """RM quality on held-out rows: ORM AUC/accuracy on outcomes; PRM step AUC/accuracy vs MC (HE) and gold."""
-    model, tokenizer, _ = load_reward_model(path, expect=kind)
-    prompts, texts = [r["prompt"] for r in rows], [r["completion"] for r in rows]
-    outcomes = [r["outcome"] for r in rows]
-    if kind == "orm":
-        s = OrmScorer(model, tokenizer)(prompts, texts)
-        return {"orm/auc": auc(s, outcomes), "orm/accuracy": accuracy(s, outcomes), "orm/mean_score": _mean(s)}
-    steps = PrmScorer(model, tokenizer).step_scores(prompts, texts)
-    out: dict[str, float] = {}
-    for name, key in (("mc", "he_labels"), ("gold", "gold_labels")):
-        pairs = [(s, y) for sc, r in zip(steps, rows) if r[key] and len(r[key]) == len(sc) for s, y in zip(sc, r[key])]
-        if pairs:
-            out[f"prm/step_auc_{name}"] = auc(*zip(*pairs))
-            out[f"prm/step_accuracy_{name}"] = accuracy(*zip(*pairs))
-    solution = [aggregate(s, aggregation) for s in steps]
-    out["prm/solution_auc"] = auc(solution, outcomes)
-    out["prm/mean_score"] = _mean(solution)
-    return out
+def evaluate_reward_model(
+    path: str | Path, kind: str, rows: list[dict], rm: RewardModelConfig | None = None
+) -> dict[str, float]:
+    """RM quality on held-out rows (`RM_KINDS[kind].metrics`): ORM AUC/accuracy on outcomes; PRM step AUC/accuracy
+    vs MC (HE) and gold labels, and solution AUC (steps aggregated by `rm.aggregation`, default min)."""
+    return rm_kind(kind).metrics(load_scorer(kind, path, rm or RewardModelConfig()), rows)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -271,5 +348,5 @@ def run_reward_model_phase(
                 paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to,
                                                  callbacks)
         if held:
-            metrics.update(evaluate_reward_model(paths[kind], kind, held, rm.aggregation))
+            metrics.update(evaluate_reward_model(paths[kind], kind, held, rm))
     return RewardModelResult(paths, metrics)

@@ -1,21 +1,26 @@
-"""Rewards: the verifier as a TRL reward function, ORM and PRM scorers, weighted mixes, and checks on all of them.
+"""Reward functions by name (a registry) with TRL's signature, and the checks every reward goes through.
 
 TRL's reward signature is `(completions, **kwargs) -> list[float]`, the dataset columns arriving as kwargs
 (here `prompt`, `answer`, `prompt_id`, `solution`). A reward that raises, returns the wrong length, or
 returns NaN/inf is an error naming the function and the sample: a silent NaN would poison a whole round.
+
+`REWARD_FUNCS` maps the names that `supervision.rewards` weighs (`{verifier: 1.0, orm: 0.5}`) to a factory
+and the reward-model kind the function scores with, if any: the config then requires that kind in
+`reward_model.kinds`, and the policy phase loads its checkpoint and hands the scorer to the factory. A new
+reward function is a function here and one entry in `REWARD_FUNCS`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-
-import torch
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from pipeline.problems import Problem, ProblemSet
-from pipeline.steps import char_to_token_ends, scored_step_ends
 
 RewardFunc = Callable[..., list[float]]
+# A reward model's scorer (`pipeline.scorers`): (prompts, completions) -> one score per solution.
+SolutionScorer = Callable[[Sequence[str], Sequence[str]], list[float]]
 
 
 class RewardError(RuntimeError):
@@ -44,6 +49,70 @@ def verifier_reward(problem_set: ProblemSet) -> RewardFunc:
     return verifier
 
 
+def scorer_reward(scorer: SolutionScorer) -> RewardFunc:
+    """A TRL reward function from a reward model's scorer: its score of `prompt + completion`.
+
+    >>> length = scorer_reward(lambda prompts, completions: [float(len(p + c)) for p, c in zip(prompts, completions)])
+    >>> length(["ab", "c"], prompts=["x", "yz"])
+    [3.0, 3.0]
+    """
+
+    def rm(completions: list[str], prompts: list[str] | None = None, **kwargs) -> list[float]:
+        # GRPOTrainer passes the prompts as `prompts`; the dataset's `prompt` column is not among its kwargs.
+        return scorer(prompts if prompts is not None else kwargs["prompt"], completions)
+
+    return rm
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One named reward function.
+
+    Attributes:
+        build: (problem set, RM kind -> loaded scorer) -> the reward function.
+        reward_model: the RM kind whose scorer `build` needs (its checkpoint is loaded for it), or None.
+    """
+
+    build: Callable[[ProblemSet, Mapping[str, SolutionScorer]], RewardFunc]
+    reward_model: str | None = None
+
+
+REWARD_FUNCS: dict[str, RewardSpec] = {
+    # First: the reward functions run in this order, and rft mode reads the verifier as column 0.
+    "verifier": RewardSpec(lambda problem_set, scorers: verifier_reward(problem_set)),
+    "orm": RewardSpec(lambda problem_set, scorers: scorer_reward(scorers["orm"]), reward_model="orm"),
+}
+
+
+def reward_spec(name: str) -> RewardSpec:
+    """The registry entry of `name`; an unknown name is a ValueError listing the known ones."""
+    if name not in REWARD_FUNCS:
+        raise ValueError(f"unknown reward function {name!r}; known: {', '.join(REWARD_FUNCS)}")
+    return REWARD_FUNCS[name]
+
+
+def active_rewards(mode: str, weights: Mapping[str, float]) -> dict[str, float]:
+    """The GRPO reward functions of a supervision mode, name -> weight, in the registry's order.
+
+    The verifier always runs. In process and rft mode it is the only one, weight 1 (process mode logs it as
+    the training accuracy, rft takes it as the advantage); in outcome mode it runs even at weight 0, so its
+    accuracy is logged, beside every other reward of positive weight in `weights`.
+
+    >>> active_rewards("outcome", {"orm": 1.0})
+    {'verifier': 0.0, 'orm': 1.0}
+    >>> active_rewards("process", {"verifier": 0.5, "orm": 1.0})
+    {'verifier': 1.0}
+    """
+    if mode in ("process", "rft"):
+        return {"verifier": 1.0}
+    return {n: weights.get(n, 0.0) for n in REWARD_FUNCS if n == "verifier" or weights.get(n, 0.0) > 0}
+
+
+def build_reward_func(name: str, problem_set: ProblemSet, scorers: Mapping[str, SolutionScorer]) -> RewardFunc:
+    """The reward function `name`, wrapped by `checked` and named `name` (TRL logs `rewards/<name>/mean`)."""
+    return checked(reward_spec(name).build(problem_set, scorers), name)
+
+
 def checked(func: RewardFunc, name: str | None = None) -> RewardFunc:
     """Wrap a reward function so that misbehaviour is one clear `RewardError` naming it and the sample."""
     name = name or getattr(func, "__name__", repr(func))
@@ -64,94 +133,6 @@ def checked(func: RewardFunc, name: str | None = None) -> RewardFunc:
 
     wrapper.__name__ = name
     return wrapper
-
-
-def _forward(model, tokenizer, texts: list[str], batch_size: int, offsets: bool):
-    """Yield (batch start, logits (b, T), encodings) over right-padded batches, no grad."""
-    device = next(model.parameters()).device
-    for s in range(0, len(texts), batch_size):
-        enc = tokenizer(
-            texts[s : s + batch_size], return_tensors="pt", padding=True, padding_side="right",
-            return_offsets_mapping=offsets,
-        )
-        offs = enc.pop("offset_mapping", None)
-        with torch.inference_mode():
-            logits = model(**enc.to(device)).logits.float()
-        yield s, logits, offs
-
-
-class OrmScorer:
-    """Batched no-grad ORM: P(correct) = sigmoid(logit) of `prompt + completion`."""
-
-    def __init__(self, model, tokenizer, batch_size: int = 64):
-        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
-
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
-        texts = [p + c for p, c in zip(prompts, completions)]
-        out: list[float] = []
-        for s, logits, _ in _forward(self.model, self.tokenizer, texts, self.batch_size, offsets=False):
-            out += torch.sigmoid(logits[:, 0]).tolist()  # (b,)
-        _refuse_nonfinite("ORM", out, completions)
-        return out
-
-    def as_reward(self) -> RewardFunc:
-        def orm(completions: list[str], prompts: list[str] | None = None, **kwargs) -> list[float]:
-            # GRPOTrainer passes the prompts as `prompts`; the dataset's `prompt` column is not among its kwargs.
-            return self(prompts if prompts is not None else kwargs["prompt"], completions)
-
-        return orm
-
-
-class PrmScorer:
-    """Batched no-grad PRM: one forward pass per batch, P(step correct) read at each step end.
-
-    Steps follow `pipeline.steps`; a blank completion is read at its last character (one score).
-    """
-
-    def __init__(self, model, tokenizer, batch_size: int = 64):
-        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
-
-    def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
-        texts = [p + c for p, c in zip(prompts, completions)]
-        out: list[list[float]] = []
-        for s, logits, offs in _forward(self.model, self.tokenizer, texts, self.batch_size, offsets=True):
-            probs = torch.sigmoid(logits[..., 0])  # (b, T)
-            for r in range(probs.shape[0]):
-                i = s + r
-                ends = [len(prompts[i]) + e for e in scored_step_ends(completions[i])]
-                idx = char_to_token_ends(offs[r].tolist(), ends)
-                out.append(probs[r, idx].tolist())
-        for i, scores in enumerate(out):
-            _refuse_nonfinite("PRM", scores, [completions[i]] * len(scores), sample=i)
-        return out
-
-    def __call__(self, prompts, completions, aggregation: str = "min") -> list[float]:
-        return [aggregate(s, aggregation) for s in self.step_scores(prompts, completions)]
-
-
-def aggregate(step_scores: Sequence[float], how: str = "min") -> float:
-    """A solution's PRM score from its step scores (Math-Shepherd uses the minimum).
-
-    >>> aggregate([0.9, 0.5, 0.8]), aggregate([0.9, 0.5, 0.8], "last"), round(aggregate([0.5, 0.5], "product"), 2)
-    (0.5, 0.8, 0.25)
-    """
-    if how == "min":
-        return min(step_scores)
-    if how == "last":
-        return step_scores[-1]
-    if how == "product":
-        return math.prod(step_scores)
-    raise ValueError(f"aggregation must be one of min, last, product; got {how!r}")
-
-
-def _refuse_nonfinite(what: str, values, completions, sample: int | None = None) -> None:
-    # Decided: a non-finite score is an error, not masked: it means a broken checkpoint, and masking
-    # would silently train on the rest.
-    for i, v in enumerate(values):
-        if not math.isfinite(v):
-            k = sample if sample is not None else i
-            preview = completions[i][:60].replace("\n", "\\n")
-            raise RewardError(f"{what} returned {v} for sample {k} ({preview!r}): the reward model is broken")
 
 
 def weighted_mix(funcs: dict[str, RewardFunc], weights: dict[str, float]) -> RewardFunc:

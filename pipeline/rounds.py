@@ -78,8 +78,7 @@ def _grpo(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
     from pipeline.policy import run_policy_phase
 
     res = run_policy_phase(cfg, problem_set_from_config(cfg), policy, RunDir(cfg.run_dir).policy(round_index),
-                           round_index, reward_model_path=reward_models.get("prm"), orm_path=reward_models.get("orm"),
-                           report_to=runs.report_to)
+                           round_index, reward_models, report_to=runs.report_to)
     return PhaseResult(res.metrics, path=str(res.policy_path))
 
 

@@ -24,8 +24,8 @@ from transformers import TrainerCallback
 from models.factories import load_reward_model, load_tokenizer
 from pipeline.config import PipelineConfig, grpo_config
 from pipeline.policy import ProcessGRPOTrainer
-from pipeline.rewards import PrmScorer
 from pipeline.rundir import write_json_atomic
+from pipeline.scorers import PrmScorer
 
 PROMPTS = ["3+4*2=?\n", "9-5+6=?\n", "7*3-2=?\n"]
 # 3 groups of 4 over 12 rows: with 6 rows a process, the middle group straddles the two processes, so its

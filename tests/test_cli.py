@@ -46,7 +46,7 @@ def test_top_level_not_a_mapping(tmp_path, capsys):
         ("run", {"rounds": 0}, "run.rounds: Input should be greater than or equal to 1"),
         ("grpo", {"num_generations": 1}, "grpo.num_generations: must be at least 2"),
         ("eval", {"best_of_n": [2, 64]}, "eval.best_of_n [64] must lie in [1, eval.samples_per_problem]"),
-        ("supervision", {"mode": "outcome", "verifier_weight": 0.0}, "outcome mode needs verifier_weight or orm_weight"),
+        ("supervision", {"mode": "outcome", "verifier_weight": 0.0}, "outcome mode needs a weight above 0 in supervision.rewards"),
         # a field TRL's configs reject
         ("grpo", {"bogus": 1}, "grpo.bogus: not a field of TRL's config"),
         ("bootstrap", {"sft_args": {"num_epochz": 2}}, "bootstrap.sft_args.num_epochz: not a field of TRL's config"),

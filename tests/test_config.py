@@ -21,6 +21,7 @@ from pipeline.config import (
     grpo_config,
     load_config,
     parse_override,
+    resumed_config_diff,
 )
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
@@ -138,6 +139,13 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"policy": {"tiny": {"hidden_size": 30, "num_heads": 4}}}, "policy.tiny: hidden_size 30 must be divisible"),
         ({"problems": {"arithmetic": {"min_steps": 4, "max_steps": 3}}}, "problems.arithmetic: min_steps 4 is above"),
         ({"problems": {"kind": "gsm8k"}}, "problems: gsm8k needs gsm8k.train_path"),
+        ({"problems": {"kind": "math"}}, "problems.kind: Input should be 'arithmetic' or 'gsm8k'"),
+        ({"supervision": {"rewards": {"length": 1.0}}}, "supervision.rewards: unknown reward function 'length'; known: verifier, orm"),
+        ({"supervision": {"rewards": {"orm": -1.0}}}, "supervision.rewards.orm: Input should be greater than or equal to 0"),
+        ({"supervision": {"rewards": {"orm": 1.0}, "orm_weight": 1.0}}, "supervision: give supervision.rewards or the older"),
+        ({"supervision": {"mode": "outcome", "rewards": {}}}, "supervision: outcome mode needs a weight above 0"),
+        ({"supervision": {"mode": "rft", "rewards": {"orm": 0.5}}}, "supervision: rft mode rewards the verifier's correct samples only: drop orm"),
+        ({"reward_model": {"kinds": ["prm", "value"]}}, "reward_model.kinds: unknown reward model kind 'value'; known: prm, orm"),
     ],
 )
 def test_field_errors_name_the_dotted_path(data, expected):
@@ -157,6 +165,58 @@ def test_cross_section_consistency():
     assert "reward_model.kinds must include 'prm'" in error_of({"reward_model": {"kinds": ["orm"]}})
     # best_of_n = 32 cannot be drawn from 16 samples per problem.
     assert "eval.best_of_n [32]" in error_of({"eval": {"best_of_n": [4, 32]}})
+    # A reward scored by a reward model needs that model trained: the orm reward, by either spelling.
+    for supervision in ({"mode": "outcome", "rewards": {"orm": 0.5}}, {"mode": "outcome", "orm_weight": 0.5}):
+        message = error_of({"supervision": supervision, "reward_model": {"kinds": ["prm"]}})
+        assert "reward_model.kinds must include 'orm' when supervision.rewards.orm > 0" in message
+
+
+# --- supervision.rewards, and the weights it replaced ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "rewards"),
+    [
+        ({}, {"verifier": 1.0}),  # the defaults: verifier 1, ORM 0 (a zero weight is no entry)
+        ({"orm_weight": 0.5}, {"verifier": 1.0, "orm": 0.5}),  # verifier_weight keeps its default, 1
+        ({"verifier_weight": 0.0, "orm_weight": 1.0}, {"orm": 1.0}),  # the ORM alone
+        ({"verifier_weight": 2.0}, {"verifier": 2.0}),
+    ],
+)
+def test_old_reward_weights_read_as_rewards(old, rewards):
+    cfg = config_from_dict({"supervision": {"mode": "outcome", **old}}, check_trl=False)
+    assert cfg.supervision.rewards == rewards
+    assert cfg == config_from_dict({"supervision": {"mode": "outcome", "rewards": rewards}}, check_trl=False)
+
+
+def test_old_weights_in_an_override_are_read_too():
+    # `--set supervision.orm_weight=1` (how bench/experiments.py ran its ORM arm) still means verifier 1 + ORM 1.
+    cfg = config_from_dict({"supervision": {"mode": "outcome"}}, ["supervision.orm_weight=1"], check_trl=False)
+    assert cfg.supervision.rewards == {"verifier": 1.0, "orm": 1.0}
+
+
+# The defaults of main at 2ed3edc (before supervision.rewards) as a run manifest stores them:
+# model_dump(mode="json"), with supervision.verifier_weight 1.0 and orm_weight 0.0.
+OLD_MANIFEST_CONFIG = Path(__file__).parent / "data" / "config-before-rewards.json"
+
+
+def test_an_old_run_directorys_config_reads_as_todays_defaults():
+    import json
+
+    stored = json.loads(OLD_MANIFEST_CONFIG.read_text())
+    assert stored["supervision"]["verifier_weight"] == 1.0 and "rewards" not in stored["supervision"]
+    assert PipelineConfig.model_validate(stored) == PipelineConfig()
+    # So resuming it is no change, while a real change still shows.
+    assert resumed_config_diff(stored, PipelineConfig()) == []
+    changed = config_from_dict({"supervision": {"rewards": {"verifier": 1.0, "orm": 0.5}}}, check_trl=False)
+    assert resumed_config_diff(stored, changed) == ["supervision.rewards.orm: None -> 0.5"]
+    # A field added later, stored nowhere, is no change at its default.
+    del stored["collect"]["gpus_per_worker"]
+    assert resumed_config_diff(stored, PipelineConfig()) == []
+    # An outcome run of that time, verifier 0 and ORM 1: the same config as the one written with rewards.
+    stored["supervision"].update(mode="outcome", verifier_weight=0.0, orm_weight=1.0)
+    now = config_from_dict({"supervision": {"mode": "outcome", "rewards": {"orm": 1.0}}}, check_trl=False)
+    assert resumed_config_diff(stored, now) == []
 
 
 def test_run_name_that_is_safe_is_kept():

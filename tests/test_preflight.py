@@ -123,14 +123,14 @@ def test_orm_given_where_a_prm_is_needed(tmp_path, tiny_dirs):
     out = tmp_path / "round-001" / "policy"
     with pytest.raises(ValueError, match=re.escape(f"{tiny_dirs / 'orm'}: is an ORM but a PRM is needed here")):
         run_policy_phase(cfg, EmbeddedArithmetic(num_train=20, num_test=5), tiny_dirs / "policy", out, 1,
-                         reward_model_path=tiny_dirs / "orm")
+                         reward_models={"prm": tiny_dirs / "orm"})
     assert not out.parent.exists()  # refused before any training or scratch directory
 
 
 def test_policy_given_where_a_reward_model_is_needed(tiny_dirs):
     from models import load_reward_model
 
-    with pytest.raises(ValueError, match=r"not a reward model .*LlamaForCausalLM.*expected an ORM or PRM"):
+    with pytest.raises(ValueError, match=r"not a reward model .*LlamaForCausalLM.*expected a PRM or an ORM"):
         load_reward_model(tiny_dirs / "policy", expect="prm")
 
 # --- tracking -------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Problem sets: generation, answer extraction, verifiers, gold step labels and input errors."""
+"""Problem sets: the registry, generation, answer extraction, verifiers, gold step labels and input errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from pipeline import steps
-from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem, ProblemSet, load_problem_set
+from pipeline.problems import (
+    GSM8K,
+    PROBLEM_SETS,
+    EmbeddedArithmetic,
+    Problem,
+    ProblemSet,
+    load_problem_set,
+    problem_set_from_config,
+)
 from pipeline.problems.arithmetic import chain_values, format_solution, parse_prompt
 from pipeline.problems.base import answer_line_value
 
@@ -56,9 +64,10 @@ def test_answer_line_value_takes_the_last_answer_line():
     assert answer_line_value("my Answer: 3") is None
 
 
-def test_default_split_steps_is_the_shared_convention(arith):
-    text = "7+5=12\n\n12*3=36  \nAnswer: 36\n"
-    assert arith.split_steps(text) == steps.split_steps(text) == ["7+5=12", "12*3=36", "Answer: 36"]
+def test_steps_are_not_the_problem_sets_to_split():
+    # One step convention (pipeline/steps.py) places PRM labels and scores, MC prefixes and advantages; a
+    # set's own splitter would disagree with them, so a set has none to override.
+    assert not hasattr(ProblemSet, "split_steps")
 
 
 def test_problem_sets_are_problem_sets(arith, gsm8k):
@@ -217,12 +226,12 @@ def test_arithmetic_is_correct(arith):
 )
 def test_gold_step_labels_hand_made(arith, completion, labels):
     assert arith.gold_step_labels(completion, EXAMPLE) == labels
-    assert len(labels) == len(arith.split_steps(completion))  # one label per step, always
+    assert len(labels) == len(steps.split_steps(completion))  # one label per step of the one convention
 
 
 def test_gold_solutions_get_all_ones(arith):
     for p in arith.train + arith.test:
-        assert arith.gold_step_labels(p.solution, p) == [1] * len(arith.split_steps(p.solution))
+        assert arith.gold_step_labels(p.solution, p) == [1] * len(steps.split_steps(p.solution))
 
 
 def test_one_wrong_result_marks_exactly_that_step(arith):
@@ -384,11 +393,33 @@ def test_load_problem_set_gsm8k_from_files():
     assert isinstance(ps, GSM8K) and len(ps.test) == 2
 
 
+def test_config_choices_and_sections_come_from_the_registry():
+    from typing import get_args
+
+    from pipeline.config import PipelineConfig, ProblemsConfig
+
+    assert get_args(ProblemsConfig.model_fields["kind"].annotation) == tuple(PROBLEM_SETS) == ("arithmetic", "gsm8k")
+    for kind, entry in PROBLEM_SETS.items():
+        assert ProblemsConfig.model_fields[kind].annotation is entry.config  # YAML `problems.<kind>.*`
+    # The config's set is the registry's build of its section, seeded by the run.
+    cfg = PipelineConfig.model_validate({"run": {"seed": 4},
+                                         "problems": {"arithmetic": {"num_train": 30, "num_test": 5}}})
+    built = problem_set_from_config(cfg)
+    assert built.train == EmbeddedArithmetic(seed=4, num_train=30, num_test=5).train
+    assert built.test == load_problem_set("arithmetic", seed=4, num_train=30, num_test=5).test
+    gsm = PipelineConfig.model_validate({"problems": {"kind": "gsm8k", "gsm8k": {
+        "train_path": str(GSM8K_DIR / "train.jsonl"), "test_path": str(GSM8K_DIR / "test.jsonl"), "num_test": 3}}})
+    assert [p.id for p in problem_set_from_config(gsm).test] == [p.id for p in GSM8K.from_jsonl(
+        GSM8K_DIR / "train.jsonl", GSM8K_DIR / "test.jsonl", num_test=3).test]
+
+
 def test_load_problem_set_errors():
     with pytest.raises(ValueError, match="arithmetic.*gsm8k"):  # the known kinds are listed
         load_problem_set("math")
     with pytest.raises(ValueError, match="test_path"):
         load_problem_set("gsm8k", train_path=GSM8K_DIR / "train.jsonl")
+    with pytest.raises(ValueError, match="num_tests"):  # a field of no section: pydantic names it
+        load_problem_set("arithmetic", num_tests=3)
 
 
 def test_sft_noise_slips_an_exact_share_of_sft_solutions_and_nothing_else():

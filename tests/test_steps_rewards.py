@@ -1,4 +1,4 @@
-"""The step convention, reward functions and their checks, and the batched ORM/PRM scorers on a tiny model."""
+"""The step convention, reward functions (the registry) and their checks, the batched ORM/PRM scorers on a tiny model."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ import math
 import pytest
 import torch
 
-from models import load_reward_model, reward_model_from_policy
+from models import load_reward_model, reward_model_from_policy, save_model
 from pipeline.policy import completion_step_ends, dedupe_steps
 from pipeline.problems import EmbeddedArithmetic
 from pipeline.rewards import (
-    OrmScorer,
-    PrmScorer,
+    REWARD_FUNCS,
     RewardError,
-    aggregate,
+    active_rewards,
+    build_reward_func,
     checked,
+    reward_spec,
+    scorer_reward,
     verifier_reward,
     weighted_mix,
 )
+from pipeline.scorers import OrmScorer, PrmScorer, aggregate
 from pipeline.steps import (
     char_to_token_ends,
     scored_step_ends,
@@ -200,6 +203,55 @@ def test_weighted_mix_checks_each_part():
         mix(["a"])
 
 
+# --- the registry -----------------------------------------------------------------------------------------
+
+
+def test_unknown_reward_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown reward function 'length'; known: verifier, orm"):
+        reward_spec("length")
+
+
+def test_active_rewards_by_mode():
+    # Outcome: the verifier first and always (its accuracy is logged at weight 0 too), then every other
+    # reward of positive weight, in the registry's order, whatever the order of the config's mapping.
+    assert active_rewards("outcome", {"verifier": 1.0}) == {"verifier": 1.0}
+    assert list(active_rewards("outcome", {"orm": 0.5, "verifier": 1.0}).items()) == [("verifier", 1.0), ("orm", 0.5)]
+    assert active_rewards("outcome", {"orm": 1.0}) == {"verifier": 0.0, "orm": 1.0}
+    assert active_rewards("outcome", {"verifier": 1.0, "orm": 0.0}) == {"verifier": 1.0}  # weight 0: not run
+    # Process and rft: the verifier alone at weight 1 (process logs it; rft's advantage is its column 0).
+    assert active_rewards("process", {"verifier": 0.3, "orm": 1.0}) == {"verifier": 1.0}
+    assert active_rewards("rft", {"verifier": 0.3}) == {"verifier": 1.0}
+
+
+def test_scorer_reward_takes_trl_prompts_or_the_prompt_column():
+    joined = scorer_reward(lambda prompts, completions: [float(len(p + c)) for p, c in zip(prompts, completions)])
+    assert joined(["ab", "c"], prompts=["x", "yz"]) == [3.0, 3.0]
+    assert joined(["ab", "c"], prompt=["xyz", ""]) == [5.0, 1.0]
+
+
+def test_a_new_reward_is_one_registry_entry(monkeypatch, arithmetic):
+    # What a contributor does to add a reward: a factory and an entry. The config then accepts its name,
+    # GRPO gets it after the verifier with its weight, and it is checked like every reward.
+    from pipeline.config import config_from_dict
+    from pipeline.policy import build_reward_funcs
+    from pipeline.rewards import RewardSpec
+
+    def brevity(problem_set, scorers):
+        return lambda completions, **kwargs: [1.0 / (1 + len(c)) for c in completions]
+
+    monkeypatch.setitem(REWARD_FUNCS, "brevity", RewardSpec(brevity))
+    cfg = config_from_dict({"supervision": {"mode": "outcome", "rewards": {"brevity": 0.5, "verifier": 1.0}}},
+                           check_trl=False)
+    funcs, weights = build_reward_funcs(cfg, arithmetic, scorers={})
+    assert [f.__name__ for f in funcs] == ["verifier", "brevity"] and weights == [1.0, 0.5]
+    p = arithmetic.train[0]
+    assert funcs[1](["abc", ""], answer=[p.answer] * 2) == [0.25, 1.0]
+    monkeypatch.setitem(REWARD_FUNCS, "brevity", RewardSpec(lambda ps, sc: lambda c, **k: [math.nan] * len(c)))
+    funcs, _ = build_reward_funcs(cfg, arithmetic, scorers={})
+    with pytest.raises(RewardError, match="reward function 'brevity' returned nan for sample 0"):
+        funcs[1](["abc"])
+
+
 def test_aggregate():
     assert aggregate([0.9, 0.5, 0.8]) == 0.5
     assert aggregate([0.9, 0.5, 0.8], "last") == 0.8
@@ -267,6 +319,9 @@ def test_prm_call_aggregates(prm):
     steps = scorer.step_scores([PROMPT] * 2, COMPLETIONS[:2])
     assert scorer([PROMPT] * 2, COMPLETIONS[:2]) == pytest.approx([min(s) for s in steps])
     assert scorer([PROMPT] * 2, COMPLETIONS[:2], aggregation="last") == pytest.approx([s[-1] for s in steps])
+    # The scorer's own aggregation (what `reward_model.aggregation` sets through `load_scorer`).
+    products = PrmScorer(model, tok, aggregation="product")([PROMPT] * 2, COMPLETIONS[:2])
+    assert products == pytest.approx([math.prod(s) for s in steps], abs=1e-7)
 
 
 def test_orm_scorer_length_range_and_batching(tiny_policy_dir):
@@ -280,10 +335,39 @@ def test_orm_scorer_length_range_and_batching(tiny_policy_dir):
     assert all(0 < v < 1 for v in one)
     # Right padding in the batch: the ORM reads the last real token of each row, so batching changes nothing.
     assert one == pytest.approx(many, abs=1e-5)
-    # As a TRL reward: the prompt column arrives as a keyword.
-    assert OrmScorer(model, tok).as_reward()(COMPLETIONS, prompt=prompts) == pytest.approx(one, abs=1e-5)
+    # As the registry's `orm` reward: the prompt column arrives as a keyword.
+    orm = build_reward_func("orm", EmbeddedArithmetic(num_train=2, num_test=2), {"orm": OrmScorer(model, tok)})
+    assert orm.__name__ == "orm"  # what TRL logs it as
+    assert orm(COMPLETIONS, prompt=prompts) == pytest.approx(one, abs=1e-5)
     # As GRPOTrainer calls it: the prompts arrive as `prompts`, not as the `prompt` column.
-    assert OrmScorer(model, tok).as_reward()(COMPLETIONS, prompts=prompts) == pytest.approx(one, abs=1e-5)
+    assert orm(COMPLETIONS, prompts=prompts) == pytest.approx(one, abs=1e-5)
+
+
+def test_load_scorer_gives_one_solution_score_per_completion_for_every_kind(prm, tiny_policy_dir, tmp_path):
+    # The one way phases score with a checkpoint: `load_scorer(kind, path, reward_model config)`. A PRM's
+    # solution score is its steps aggregated by `reward_model.aggregation`; an ORM's is its sigmoid.
+    from models.factories import RM_HEADS
+    from pipeline.config import RewardModelConfig
+    from pipeline.reward_model import RM_KINDS, load_scorer
+
+    assert list(RM_KINDS) == list(RM_HEADS) == ["prm", "orm"]  # one kind, one head, one table entry
+    model, tok = prm
+    save_model(model, tok, tmp_path / "prm")
+    orm, orm_tok = reward_model_from_policy(str(tiny_policy_dir), "orm")
+    with torch.no_grad():
+        orm.score.weight.normal_(std=0.3)
+    save_model(orm, orm_tok, tmp_path / "orm")
+    prompts = [PROMPT] * len(COMPLETIONS)
+    steps = PrmScorer(model, tok).step_scores(prompts, COMPLETIONS)
+    for how, expected in (("min", [min(s) for s in steps]), ("last", [s[-1] for s in steps])):
+        scorer = load_scorer("prm", tmp_path / "prm", RewardModelConfig(aggregation=how), batch_size=3)
+        assert scorer(prompts, COMPLETIONS) == pytest.approx(expected, abs=1e-6)
+    scorer = load_scorer("orm", tmp_path / "orm", RewardModelConfig())
+    assert scorer(prompts, COMPLETIONS) == pytest.approx(OrmScorer(orm, orm_tok)(prompts, COMPLETIONS), abs=1e-6)
+    with pytest.raises(ValueError, match="is an ORM but a PRM is needed here"):
+        load_scorer("prm", tmp_path / "orm", RewardModelConfig())
+    with pytest.raises(ValueError, match="unknown reward model kind 'value'; known: prm, orm"):
+        load_scorer("value", tmp_path / "orm", RewardModelConfig())
 
 
 def test_prm_with_nan_weights_names_the_sample(tiny_policy_dir):

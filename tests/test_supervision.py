@@ -45,10 +45,12 @@ def test_rft_bad_rewards(rewards, match):
 
 def test_rft_config_and_reward_functions(tmp_path):
     cfg = config_from_dict(mini_config(tmp_path, supervision={"mode": "rft"}), check_trl=False)
-    funcs, weights = build_reward_funcs(cfg, problem_set_from_config(cfg), orm=None)
+    funcs, weights = build_reward_funcs(cfg, problem_set_from_config(cfg), scorers={})
     assert [f.__name__ for f in funcs] == ["verifier"] and weights == [1.0]
-    with pytest.raises(ConfigError, match="supervision: .*rft mode .*orm_weight"):
-        config_from_dict(mini_config(tmp_path, supervision={"mode": "rft", "orm_weight": 1.0}), check_trl=False)
+    # An ORM weight, old spelling or new, is refused: rft's reward is the verifier alone.
+    for supervision in ({"mode": "rft", "orm_weight": 1.0}, {"mode": "rft", "rewards": {"verifier": 1.0, "orm": 1.0}}):
+        with pytest.raises(ConfigError, match="supervision: .*rft mode .*drop orm from supervision.rewards"):
+            config_from_dict(mini_config(tmp_path, supervision=supervision), check_trl=False)
 
 
 def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, tiny_policy_dir, seen_advantages):

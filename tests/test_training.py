@@ -64,7 +64,7 @@ def test_process_grpo_trains_on_per_token_advantages(setup, seen_advantages):
     seen = seen_advantages
     before = load_policy(str(policy))[0].state_dict()
     out = tmp / "policy-process"
-    res = run_policy_phase(cfg, ps, policy, out, 1, reward_model_path=tmp / "prm")
+    res = run_policy_phase(cfg, ps, policy, out, 1, reward_models={"prm": tmp / "prm"})
     assert seen and all(a.dim() == 2 for a in seen)  # (B, T): one advantage per token
     # Per-token, not per-sequence: within some completion the advantage changes from step to step.
     assert any((a[:, 1:] != a[:, :-1]).any() for a in seen)
@@ -79,7 +79,7 @@ def test_process_mode_with_each_loss_type(setup, loss_type):
     prm, tok = reward_model_from_policy(str(policy), "prm")
     save_model(prm, tok, tmp / f"prm-{loss_type}")
     cfg = config_from_dict({**cfg.model_dump(mode="json"), "grpo": {**cfg.grpo, "loss_type": loss_type, "max_steps": 1}})
-    res = run_policy_phase(cfg, ps, policy, tmp / f"p-{loss_type}", 1, reward_model_path=tmp / f"prm-{loss_type}")
+    res = run_policy_phase(cfg, ps, policy, tmp / f"p-{loss_type}", 1, reward_models={"prm": tmp / f"prm-{loss_type}"})
     assert res.metrics["policy/loss_end"] == res.metrics["policy/loss_end"]  # finite, not NaN
 
 

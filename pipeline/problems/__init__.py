@@ -1,59 +1,62 @@
-"""Problem sets: prompts, gold answers, a verifier, a step splitter and gold step labels where known."""
+"""Problem sets by kind: prompts, gold answers, a verifier and gold step labels where known.
+
+`PROBLEM_SETS` is the registry: each problem-set module gives one `ProblemSetKind` (its config section
+``problems.<kind>`` and a builder from it). The config's ``problems.kind`` choices and sections come from
+it, and `load_problem_set` / `problem_set_from_config` both build through `build_problem_set`. A new
+problem set is its module plus one entry below.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from pipeline.problems import arithmetic, gsm8k
 from pipeline.problems.arithmetic import EmbeddedArithmetic
-from pipeline.problems.base import Problem, ProblemSet
+from pipeline.problems.base import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind
 from pipeline.problems.gsm8k import GSM8K
 
-KNOWN_KINDS = ("arithmetic", "gsm8k")
+PROBLEM_SETS: dict[str, ProblemSetKind] = {p.kind: p for p in (arithmetic.PROBLEM_SET, gsm8k.PROBLEM_SET)}
+KNOWN_KINDS = tuple(PROBLEM_SETS)
 
 __all__ = [
-    "GSM8K", "KNOWN_KINDS", "EmbeddedArithmetic", "Problem", "ProblemSet", "load_problem_set", "problem_set_from_config",
+    "GSM8K", "KNOWN_KINDS", "PROBLEM_SETS", "EmbeddedArithmetic", "Problem", "ProblemSet", "ProblemSetConfig",
+    "ProblemSetKind", "build_problem_set", "load_problem_set", "problem_set_from_config",
 ]
 
 
-def load_problem_set(kind: str, **kwargs: Any) -> ProblemSet:
-    """Build a problem set by kind.
+def problem_set_kind(kind: str) -> ProblemSetKind:
+    """The registry entry of `kind`; an unknown kind is a ValueError listing the known ones."""
+    if kind not in PROBLEM_SETS:
+        raise ValueError(f"unknown problem set kind {kind!r}; known: {', '.join(KNOWN_KINDS)}")
+    return PROBLEM_SETS[kind]
+
+
+def build_problem_set(kind: str, section: ProblemSetConfig, seed: int) -> ProblemSet:
+    """The problem set of `kind` from its config section (``problems.<kind>``) and the run seed."""
+    entry = problem_set_kind(kind)
+    section.check_selected()
+    return entry.build(section, seed)
+
+
+def load_problem_set(kind: str, seed: int = 0, **fields: Any) -> ProblemSet:
+    """Build a problem set by kind from the fields of its config section, as in YAML.
 
     Args:
-        kind: ``"arithmetic"`` (kwargs go to `EmbeddedArithmetic`) or ``"gsm8k"``: with ``train_path`` and
-            ``test_path`` it reads local jsonl files (`GSM8K.from_jsonl`), otherwise it loads from the hub
-            (`GSM8K.from_hub`, kwargs ``name``, ``config``); ``num_train`` / ``num_test`` apply to both.
-        **kwargs: Passed on as described.
+        kind: a key of `PROBLEM_SETS`: ``"arithmetic"`` (fields of ``problems.arithmetic``) or ``"gsm8k"``
+            (``train_path`` and ``test_path`` for local jsonl files, or ``hub_name``; ``num_train`` / ``num_test``).
+        seed: the run seed (it draws the embedded set).
+        **fields: the section's fields; paths may be `os.PathLike`.
 
     Raises:
-        ValueError: for an unknown kind (listing the known ones) or only one of train_path/test_path.
+        ValueError: an unknown kind (listing the known ones), a bad field, or a section that cannot build
+            its set (e.g. gsm8k with train_path but no test_path).
     """
-    if kind == "arithmetic":
-        return EmbeddedArithmetic(**kwargs)
-    if kind == "gsm8k":
-        has_train, has_test = kwargs.get("train_path") is not None, kwargs.get("test_path") is not None
-        if has_train != has_test:
-            raise ValueError("gsm8k needs both train_path and test_path (or neither, to load from the hub)")
-        if has_train:
-            return GSM8K.from_jsonl(**kwargs)
-        kwargs.pop("train_path", None)
-        kwargs.pop("test_path", None)
-        return GSM8K.from_hub(**kwargs)
-    raise ValueError(f"unknown problem set kind {kind!r}; known: {', '.join(KNOWN_KINDS)}")
+    entry = problem_set_kind(kind)
+    fields = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in fields.items()}
+    return build_problem_set(kind, entry.config(**fields), seed)
 
 
 def problem_set_from_config(cfg) -> ProblemSet:
     """The problem set a `PipelineConfig` asks for (the run seed also seeds the embedded set)."""
-    p = cfg.problems
-    if p.kind == "arithmetic":
-        a = p.arithmetic
-        return EmbeddedArithmetic(
-            seed=cfg.run.seed, num_train=a.num_train, num_test=a.num_test, min_steps=a.min_steps,
-            max_steps=a.max_steps, start_range=tuple(a.start_range), operand_range=tuple(a.operand_range),
-            operators=tuple(a.operators), max_value=a.max_value, sft_noise=a.sft_noise,
-        )
-    g = p.gsm8k
-    if g.hub_name:
-        return load_problem_set("gsm8k", name=g.hub_name, num_train=g.num_train, num_test=g.num_test)
-    return load_problem_set(
-        "gsm8k", train_path=g.train_path, test_path=g.test_path, num_train=g.num_train, num_test=g.num_test
-    )
+    return build_problem_set(cfg.problems.kind, getattr(cfg.problems, cfg.problems.kind), cfg.run.seed)

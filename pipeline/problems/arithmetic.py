@@ -18,8 +18,12 @@ import dataclasses
 import random
 import re
 from collections.abc import Sequence
+from typing import Literal
 
-from pipeline.problems.base import Problem, ProblemSet, answer_line_value
+from pydantic import Field, model_validator
+
+from pipeline.problems.base import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind, answer_line_value
+from pipeline.steps import split_steps
 
 Operation = tuple[str, int]  # (operator, right operand)
 
@@ -369,4 +373,32 @@ class EmbeddedArithmetic(ProblemSet):
     def gold_step_labels(self, completion: str, problem: Problem) -> list[int]:
         """One 0/1 label per step of the completion, against the gold chain (see `step_labels`)."""
         start, ops = parse_prompt(problem.prompt)
-        return step_labels(self.split_steps(completion), start, ops)
+        return step_labels(split_steps(completion), start, ops)
+
+
+class ArithmeticConfig(ProblemSetConfig):
+    num_train: int = Field(2000, ge=1, description="Training problems (GRPO prompts, collection prompts, SFT).")
+    num_test: int = Field(200, ge=1, description="Held-out problems for evaluation.")
+    min_steps: int = Field(2, ge=1, description="Fewest operations in a problem.")
+    max_steps: int = Field(3, ge=1, description="Most operations in a problem.")
+    start_range: tuple[int, int] = Field((1, 20), description="Range of the start value, inclusive.")
+    operand_range: tuple[int, int] = Field((1, 9), description="Range of the operands, inclusive.")
+    operators: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1, description="Operators used.")
+    max_value: int = Field(99, ge=1, description="Every intermediate value stays in [0, max_value].")
+    sft_noise: float = Field(0.0, ge=0, le=1, description=(
+        "Share of SFT solutions whose Answer line copies the first step's result: imperfect SFT data, "
+        "a habit RL can unlearn (answers, step labels and tests unaffected)."))
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min_steps > self.max_steps:
+            raise ValueError(f"min_steps {self.min_steps} is above max_steps {self.max_steps}")
+        return self
+
+
+def _from_config(section: ArithmeticConfig, seed: int) -> EmbeddedArithmetic:
+    # The run seed draws the problems: another seed is another problem set.
+    return EmbeddedArithmetic(seed=seed, **section.model_dump())
+
+
+PROBLEM_SET = ProblemSetKind("arithmetic", ArithmeticConfig, _from_config, "The embedded problem set.")

@@ -1,14 +1,21 @@
-"""What every problem set gives the pipeline: prompts, gold answers, a verifier, steps and gold step labels.
+"""What every problem set gives the pipeline: prompts, gold answers, a verifier and gold step labels; and
+what a problem-set module gives the registry (`ProblemSetKind`: its config section and a builder).
 
 The answer convention, shared by all sets: a completion ends with a line ``Answer: <value>``. The stated
 answer is the value of the LAST line that starts with ``Answer:`` (so a model that corrects itself is
 judged on its final word). Model output is only ever parsed, never passed to ``eval``/``exec``.
+
+Steps are not the set's to choose: one convention (`pipeline.steps`) places PRM labels and scores, MC
+prefixes and process advantages, so a set splitting its own way would disagree with all of them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
 
 from pipeline import steps
 
@@ -68,13 +75,35 @@ class ProblemSet(ABC):
         """The verifier: True iff the completion's stated answer equals the gold answer."""
         return self.extract_answer(completion) == problem.answer
 
-    def split_steps(self, completion: str) -> list[str]:
-        """The steps of a completion (non-blank lines), by the shared convention of ``pipeline.steps``."""
-        return steps.split_steps(completion)
-
     def gold_step_labels(self, completion: str, problem: Problem) -> list[int] | None:
-        """One 0/1 label per step of ``split_steps(completion)``, or None when the set cannot know them."""
+        """One 0/1 label per step of ``pipeline.steps.split_steps(completion)``, or None when the set cannot know."""
         return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, train={len(self.train)}, test={len(self.test)})"
+
+
+class ProblemSetConfig(BaseModel):
+    """Base of a problem set's config section, ``problems.<kind>``: strict, every field documented once."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def check_selected(self) -> None:
+        """Raise ValueError (saying the fix) if the section cannot build its set (when ``problems.kind`` picks it)."""
+
+
+@dataclass(frozen=True)
+class ProblemSetKind:
+    """A problem set as the registry (`pipeline.problems.PROBLEM_SETS`) knows it.
+
+    Attributes:
+        kind: the name ``problems.kind`` selects it by, and its config section's key.
+        config: its config section (``problems.<kind>.*`` in YAML and in the README's config reference).
+        build: (its config section, the run seed) -> the problem set.
+        description: one line for the section.
+    """
+
+    kind: str
+    config: type[ProblemSetConfig]
+    build: Callable[[ProblemSetConfig, int], ProblemSet]
+    description: str

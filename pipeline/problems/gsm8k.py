@@ -14,7 +14,9 @@ from collections.abc import Iterable, Iterator
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from pipeline.problems.base import Problem, ProblemSet, answer_line_value
+from pydantic import Field
+
+from pipeline.problems.base import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind, answer_line_value
 
 PROMPT_TEMPLATE = (
     "Solve the problem step by step, one step per line, and end with a line 'Answer: <number>'.\n"
@@ -225,6 +227,28 @@ class GSM8K(ProblemSet):
         else:
             candidate = self.extract_answer(completion)
         return candidate is not None and _math_verify(problem.answer, candidate)
+
+
+class GSM8KConfig(ProblemSetConfig):
+    train_path: str | None = Field(None, description="Local jsonl of training problems (GSM8K's format).")
+    test_path: str | None = Field(None, description="Local jsonl of held-out problems.")
+    hub_name: str | None = Field(None, description="Hub dataset name instead of local files (e.g. openai/gsm8k).")
+    num_train: int | None = Field(None, ge=1, description="Use only the first N training problems.")
+    num_test: int | None = Field(None, ge=1, description="Use only the first N held-out problems.")
+
+    def check_selected(self) -> None:
+        if not self.hub_name and not (self.train_path and self.test_path):
+            raise ValueError("gsm8k needs gsm8k.train_path and gsm8k.test_path, or gsm8k.hub_name")
+
+
+def _from_config(section: GSM8KConfig, seed: int) -> GSM8K:
+    # Files and the hub keep their order: the seed draws nothing here.
+    if section.hub_name:
+        return GSM8K.from_hub(name=section.hub_name, num_train=section.num_train, num_test=section.num_test)
+    return GSM8K.from_jsonl(section.train_path, section.test_path, section.num_train, section.num_test)
+
+
+PROBLEM_SET = ProblemSetKind("gsm8k", GSM8KConfig, _from_config, "GSM8K from local jsonl or the hub.")
 
 
 def _timeout() -> int | None:

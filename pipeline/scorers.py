@@ -1,0 +1,104 @@
+"""Batched no-grad scoring of `prompt + completion` by a reward model: the ORM's and the PRM's scorers.
+
+Shared by GRPO (process advantages, the ORM reward), RM evaluation and the eval phase (best-of-N, the
+reward-hacking monitor). Every scorer is called as `scorer(prompts, completions) -> list[float]`, one
+solution score per (prompt, completion); the PRM also gives its step scores (`PrmScorer.step_scores`).
+Which scorer a reward-model kind has, and how a checkpoint becomes one, is `pipeline.reward_model.RM_KINDS`.
+
+A non-finite score is an error naming the sample (a broken checkpoint), never masked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from pipeline.rewards import RewardError
+from pipeline.steps import char_to_token_ends, scored_step_ends
+
+
+def _forward(model, tokenizer, texts: list[str], batch_size: int, offsets: bool):
+    """Yield (batch start, logits (b, T), encodings) over right-padded batches, no grad."""
+    device = next(model.parameters()).device
+    for s in range(0, len(texts), batch_size):
+        enc = tokenizer(
+            texts[s : s + batch_size], return_tensors="pt", padding=True, padding_side="right",
+            return_offsets_mapping=offsets,
+        )
+        offs = enc.pop("offset_mapping", None)
+        with torch.inference_mode():
+            logits = model(**enc.to(device)).logits.float()
+        yield s, logits, offs
+
+
+class OrmScorer:
+    """Batched no-grad ORM: P(correct) = sigmoid(logit) of `prompt + completion`."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64):
+        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
+        texts = [p + c for p, c in zip(prompts, completions)]
+        out: list[float] = []
+        for s, logits, _ in _forward(self.model, self.tokenizer, texts, self.batch_size, offsets=False):
+            out += torch.sigmoid(logits[:, 0]).tolist()  # (b,)
+        _refuse_nonfinite("ORM", out, completions)
+        return out
+
+
+class PrmScorer:
+    """Batched no-grad PRM: one forward pass per batch, P(step correct) read at each step end.
+
+    Steps follow `pipeline.steps`; a blank completion is read at its last character (one score). A
+    solution's score is the `aggregation` (min, last, product) of its step scores.
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, aggregation: str = "min"):
+        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
+        self.aggregation = aggregation
+
+    def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
+        texts = [p + c for p, c in zip(prompts, completions)]
+        out: list[list[float]] = []
+        for s, logits, offs in _forward(self.model, self.tokenizer, texts, self.batch_size, offsets=True):
+            probs = torch.sigmoid(logits[..., 0])  # (b, T)
+            for r in range(probs.shape[0]):
+                i = s + r
+                ends = [len(prompts[i]) + e for e in scored_step_ends(completions[i])]
+                idx = char_to_token_ends(offs[r].tolist(), ends)
+                out.append(probs[r, idx].tolist())
+        for i, scores in enumerate(out):
+            _refuse_nonfinite("PRM", scores, [completions[i]] * len(scores), sample=i)
+        return out
+
+    def __call__(self, prompts, completions, aggregation: str | None = None) -> list[float]:
+        """One score per solution: its step scores aggregated (`aggregation`, else the scorer's own)."""
+        how = aggregation or self.aggregation
+        return [aggregate(s, how) for s in self.step_scores(prompts, completions)]
+
+
+def aggregate(step_scores: Sequence[float], how: str = "min") -> float:
+    """A solution's PRM score from its step scores (Math-Shepherd uses the minimum).
+
+    >>> aggregate([0.9, 0.5, 0.8]), aggregate([0.9, 0.5, 0.8], "last"), round(aggregate([0.5, 0.5], "product"), 2)
+    (0.5, 0.8, 0.25)
+    """
+    if how == "min":
+        return min(step_scores)
+    if how == "last":
+        return step_scores[-1]
+    if how == "product":
+        return math.prod(step_scores)
+    raise ValueError(f"aggregation must be one of min, last, product; got {how!r}")
+
+
+def _refuse_nonfinite(what: str, values, completions, sample: int | None = None) -> None:
+    # Decided: a non-finite score is an error, not masked: it means a broken checkpoint, and masking
+    # would silently train on the rest.
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            k = sample if sample is not None else i
+            preview = completions[i][:60].replace("\n", "\\n")
+            raise RewardError(f"{what} returned {v} for sample {k} ({preview!r}): the reward model is broken")
