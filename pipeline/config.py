@@ -105,9 +105,9 @@ class ArithmeticConfig(Section):
 
 
 class GSM8KConfig(Section):
-    train_path: str | None = Field(None, description="Local jsonl of training problems (GSM8K's format).")
+    train_path: str | None = Field(None, description="Local jsonl of training problems (GSM8K's format); with test_path, read instead of hub_name.")
     test_path: str | None = Field(None, description="Local jsonl of held-out problems.")
-    hub_name: str | None = Field(None, description="Hub dataset name instead of local files (e.g. openai/gsm8k).")
+    hub_name: str | None = Field(None, description="Hub dataset name (e.g. openai/gsm8k), used when no local files are given.")
     num_train: int | None = Field(None, ge=1, description="Use only the first N training problems.")
     num_test: int | None = Field(None, ge=1, description="Use only the first N held-out problems.")
 
@@ -120,7 +120,12 @@ class ProblemsConfig(Section):
     @model_validator(mode="after")
     def _gsm8k_source(self):
         g = self.gsm8k
-        if self.kind == "gsm8k" and not g.hub_name and not (g.train_path and g.test_path):
+        if self.kind != "gsm8k":
+            return self
+        if bool(g.train_path) != bool(g.test_path):  # half a local override would silently read the hub
+            raise ValueError("gsm8k.train_path and gsm8k.test_path go together (local files, read instead of "
+                             "gsm8k.hub_name)")
+        if not g.hub_name and not g.train_path:
             raise ValueError("gsm8k needs gsm8k.train_path and gsm8k.test_path, or gsm8k.hub_name")
         return self
 

@@ -105,6 +105,9 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"policy": {"tiny": {"hidden_size": 30, "num_heads": 4}}}, "policy.tiny: hidden_size 30 must be divisible"),
         ({"problems": {"arithmetic": {"min_steps": 4, "max_steps": 3}}}, "problems.arithmetic: min_steps 4 is above"),
         ({"problems": {"kind": "gsm8k"}}, "problems: gsm8k needs gsm8k.train_path"),
+        # half a local override of the hub would read the hub's test split against local training rows
+        ({"problems": {"kind": "gsm8k", "gsm8k": {"hub_name": "openai/gsm8k", "train_path": "t.jsonl"}}},
+         "problems: gsm8k.train_path and gsm8k.test_path go together"),
     ],
 )
 def test_field_errors_name_the_dotted_path(data, expected):

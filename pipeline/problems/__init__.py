@@ -52,8 +52,8 @@ def problem_set_from_config(cfg) -> ProblemSet:
             operators=tuple(a.operators), max_value=a.max_value, sft_noise=a.sft_noise,
         )
     g = p.gsm8k
-    if g.hub_name:
-        return load_problem_set("gsm8k", name=g.hub_name, num_train=g.num_train, num_test=g.num_test)
-    return load_problem_set(
-        "gsm8k", train_path=g.train_path, test_path=g.test_path, num_train=g.num_train, num_test=g.num_test
-    )
+    if g.train_path:  # local files override the hub (a recipe names the hub, `--set` points at a copy)
+        return load_problem_set(
+            "gsm8k", train_path=g.train_path, test_path=g.test_path, num_train=g.num_train, num_test=g.num_test
+        )
+    return load_problem_set("gsm8k", name=g.hub_name, num_train=g.num_train, num_test=g.num_test)

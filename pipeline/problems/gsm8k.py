@@ -1,8 +1,13 @@
-"""GSM8K (Cobbe et al., 2021) from local jsonl files or the Hugging Face hub, checked with math-verify.
+"""GSM8K (Cobbe et al., 2021) from local jsonl files or the Hugging Face hub, answers read with math-verify.
 
 Each row has a ``question`` and an ``answer`` whose rationale ends with ``#### <number>``. The gold
 solution keeps the rationale's lines without the calculator annotations ``<<48/2=24>>`` and ends with
 ``Answer: <number>``, the answer convention of every problem set. Gold step labels are unknown here.
+
+One extraction (`GSM8K.extract_answer`) serves the verifier, Maj@K, best-of-N, collection and the RMs'
+labels: a completion is correct iff its extracted answer is the gold answer's canonical string, so a
+sample Pass@K counts is always one Maj@K lets vote. A completion without an ``Answer:`` line states no
+answer: it is wrong, whatever numbers it holds.
 """
 
 from __future__ import annotations
@@ -49,16 +54,6 @@ def canonical_number(text: str) -> str | None:
     if value == value.to_integral_value():
         return str(int(value))
     return format(value.normalize(), "f")
-
-
-def last_number(text: str) -> str | None:
-    """The last number written in ``text``, canonical, or None.
-
-    >>> last_number("she earned $1,200 in 3 weeks")
-    '3'
-    """
-    numbers = _NUMBER_RE.findall(text)
-    return canonical_number(numbers[-1]) if numbers else None
 
 
 def solution_lines(rationale: str) -> list[str]:
@@ -143,7 +138,7 @@ def _check_disjoint(train: list[Problem], test: list[Problem]) -> None:
 
 
 class GSM8K(ProblemSet):
-    """Grade-school math word problems; answers are numbers checked with math-verify.
+    """Grade-school math word problems; answers are numbers, read with math-verify where they are not plain.
 
     Build with `GSM8K.from_jsonl` or `GSM8K.from_hub`. Problems keep file order, so ``num_train`` /
     ``num_test`` take a prefix of each file.
@@ -201,11 +196,12 @@ class GSM8K(ProblemSet):
         return cls(splits["train"], splits["test"])
 
     def extract_answer(self, completion: str) -> str | None:
-        """The number on the last ``Answer:`` line, canonical, or None.
+        """The number on the last ``Answer:`` line, canonical, or None (no such line, or no number on it).
 
         A plain number (``$1,036.``, ``0.50``, ``15%``) is read directly; anything else (``72 clips``,
-        ``\\frac{144}{2}``) is parsed by math-verify and kept if it is a rational number, so answers that
-        agree in value agree as strings (what majority voting counts).
+        ``\\frac{144}{2}``, ``\\boxed{72}``) is parsed by math-verify and kept if it is a rational number, so
+        answers that agree in value agree as strings (what majority voting counts, and what the verifier
+        compares with the gold answer: `ProblemSet.is_correct`).
 
         >>> GSM8K([], []).extract_answer("12*3 = 36\\nAnswer: $1,036.")
         '1036'
@@ -214,17 +210,6 @@ class GSM8K(ProblemSet):
         if value is None:
             return None
         return canonical_number(value) or _rational_via_math_verify(value[:_MAX_VERIFY_CHARS])
-
-    def is_correct(self, completion: str, problem: Problem) -> bool:
-        """math-verify's judgement of the stated answer against the gold one.
-
-        The stated answer is `extract_answer`'s; with no ``Answer:`` line, the last number in the completion.
-        """
-        if answer_line_value(completion) is None:
-            candidate = last_number(completion)
-        else:
-            candidate = self.extract_answer(completion)
-        return candidate is not None and _math_verify(problem.answer, candidate)
 
 
 def _timeout() -> int | None:
@@ -255,16 +240,3 @@ def _rational_via_math_verify(text: str) -> str | None:
     if set(sympy.primefactors(q)) <= {2, 5}:  # terminating decimal
         return canonical_number(format(Decimal(p) / Decimal(q), "f"))
     return f"{p}/{q}"
-
-
-def _math_verify(gold: str, candidate: str) -> bool:
-    """math-verify's ``verify(parse(gold), parse(candidate))``, never raising."""
-    from math_verify import parse, verify
-
-    timeout = _timeout()
-    try:
-        gold_parsed = parse(gold, parsing_timeout=timeout)
-        candidate_parsed = parse(candidate, parsing_timeout=timeout)
-        return bool(verify(gold_parsed, candidate_parsed, timeout_seconds=timeout))
-    except Exception:  # a parser failure on model text means "not verified", not a crash
-        return False
