@@ -191,6 +191,38 @@ def test_good_gsm8k_data_passes_preflight(tmp_path):
     assert not (tmp_path / "runs").exists()  # preflight writes nothing in the runs dir
 
 
+# --- the policy spec ---------------------------------------------------------------------------------------
+
+
+def test_a_missing_relative_model_path_offline_is_one_error_before_anything_is_written(tmp_path):
+    """`policy.model: my_model` (no ./, no such directory) is taken for a hub id; it used to pass preflight,
+    write the run directory and then wait on the network (rc 1 with a traceback after 64 s here, offline).
+
+    Through the real `igrpo run` in a subprocess, so HF_HUB_OFFLINE is read as a user's shell sets it.
+    """
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(mini_config(tmp_path, policy={"model": "my_model"})))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "run.yaml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - start
+    assert done.returncode == 2, done.stderr[-3000:]
+    # One error line (a library's FutureWarning may precede it on stderr), no traceback.
+    errors = [line for line in done.stderr.splitlines() if line.startswith("igrpo: error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    err = errors[0]
+    assert err.startswith("igrpo: error: policy.model 'my_model': "), err
+    # The path it looked for, why it is a hub id, how to write a local path, and why the hub cannot help.
+    for text in (str(tmp_path / "my_model"), "taken for a Hugging Face hub id", "a local path starts with ./",
+                 "write ./my_model", "HF_HUB_OFFLINE"):
+        assert text in err, f"{text!r} not in {err!r}"
+    # Nothing written: no run directory, no MLflow store (the tracking check comes after the policy's).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
+    # Imports take most of it (15-20 s on a loaded 2-core machine); the check itself makes no network call.
+    assert took < 180, took
+
+
 def _shard_rows(round_index: int = 0) -> list[dict]:
     return [{
         "round": round_index, "policy": "p", "prompt_id": f"q{i}", "prompt": "1+1\n", "sample_index": 0,
