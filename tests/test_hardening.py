@@ -179,6 +179,16 @@ def test_gsm8k_test_question_in_train_names_it(tmp_path, capsys):
     assert_user_error(tmp_path, rc, err, "1 test question(s) also appear in train", "gsm8k-test-00001")
 
 
+def test_gsm8k_from_an_unreachable_hub_names_the_way_to_local_files(tmp_path, capsys, monkeypatch):
+    # Offline (and a name no hub holds, should a network be there): one error in preflight, nothing written.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"hub_name": "nobody-xyz/no-such-gsm8k"}})
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, "problems.gsm8k.hub_name 'nobody-xyz/no-such-gsm8k': cannot load it",
+                      "--set problems.gsm8k.train_path=")
+
+
 def test_good_gsm8k_data_passes_preflight(tmp_path):
     # The control for the rows above: the same files, well formed, load.
     from pipeline.runner import preflight

@@ -184,10 +184,22 @@ class GSM8K(ProblemSet):
         num_train: int | None = None,
         num_test: int | None = None,
     ) -> GSM8K:
-        """Load GSM8K with `datasets.load_dataset(name, config)` (its "train" and "test" splits)."""
+        """Load GSM8K with `datasets.load_dataset(name, config)` (its "train" and "test" splits).
+
+        Raises:
+            FileNotFoundError: the hub cannot give the dataset (offline, no network, no such name), saying
+                how to read local files instead.
+        """
         from datasets import load_dataset  # heavy import, only on this path
 
-        dataset = load_dataset(name, config)
+        try:
+            dataset = load_dataset(name, config)
+        except Exception as e:  # offline, unreachable, unknown name: one error with the way out, not a traceback
+            raise FileNotFoundError(
+                f"problems.gsm8k.hub_name {name!r}: cannot load it from the hub ({type(e).__name__}: {e}); read "
+                "local jsonl files instead: --set problems.gsm8k.train_path=DIR/train.jsonl "
+                "--set problems.gsm8k.test_path=DIR/test.jsonl"
+            ) from None
         splits = {}
         for split, count in (("train", num_train), ("test", num_test)):
             source = f"{name}[{split}]"
