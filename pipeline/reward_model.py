@@ -129,10 +129,21 @@ def collate(pad_id: int):
 
 
 def bce_loss(outputs, labels, num_items_in_batch=None):
-    """BCE with logits where labels are not -100: at step ends (PRM, (B, T)) or per sequence (ORM, (B,))."""
+    """BCE with logits where labels are not -100: at step ends (PRM, (B, T)) or per sequence (ORM, (B,)).
+
+    Trainer's `compute_loss_func` contract: `num_items_in_batch` counts the labelled items of the whole
+    optimizer step (every accumulated micro-batch, every process), and Trainer takes the returned loss as
+    normalised by it: it does not divide by the accumulation steps and multiplies by the number of
+    processes (undoing DDP's mean). So this returns the micro-batch's sum over that count, and a step's
+    gradient is the mean over all its labelled items whatever the accumulation and process count
+    (`tests/test_rm_scaling.py`). Without a count (a call outside Trainer's training step): the plain mean.
+    """
     logits = outputs.logits[..., 0].float()  # (B, T) or (B,)
     keep = labels != -100
-    return torch.nn.functional.binary_cross_entropy_with_logits(logits[keep], labels[keep].float())
+    total = torch.nn.functional.binary_cross_entropy_with_logits(logits[keep], labels[keep].float(), reduction="sum")
+    if num_items_in_batch is None:
+        return total / keep.sum().clamp(min=1)
+    return total / num_items_in_batch
 
 
 # --- the kinds ------------------------------------------------------------------------------------

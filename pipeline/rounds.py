@@ -244,11 +244,11 @@ def preflight(cfg: PipelineConfig) -> None:
 
     Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
     """
-    from models.factories import resolve_spec
+    from models.factories import check_model_available
 
     problem_set_from_config(cfg)
     if cfg.policy.model != "tiny":
-        resolve_spec(cfg.policy.model)
+        check_model_available(cfg.policy.model, "policy.model")
     tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
 
 

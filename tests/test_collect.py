@@ -11,8 +11,10 @@ import math
 import pytest
 
 from pipeline.collect import (
+    Labels,
     agreement,
     draw_prompts,
+    imputed_share,
     label_exhaustive,
     label_first_error,
     make_request,
@@ -219,6 +221,35 @@ def test_first_error_soft_labels_where_probed():
     # SE: measured where probed (0.75 at 1, 0.0 at 2), HE elsewhere (prefix 0 was never rolled out).
     assert labels.se == [1.0, 0.75, 0.0, 0.0]
     assert labels.rollouts == 2 * N
+    # Prefix 0 (rolls out 3/4 right: SE 0.75 exhaustively) and the Answer line were never probed: imputed.
+    assert labels.imputed == 2
+
+
+def test_first_error_soft_labels_on_unprobed_steps_are_imputed_hard_ones():
+    # A constructed case for `target: soft`: P8's gold solution with its last operation wrong (error at
+    # prefix 7); from d steps, 3 of 4 rollouts are right for d <= 7, none after.
+    completion = wrong_from(7)
+    completer = k_of_n({d: 3 if d <= 7 else 0 for d in range(1, 9)})
+    req = make_request(ARITH, P8, completion)
+    exhaustive = label_exhaustive(ARITH, completer, [req], N)[0]
+    search = label_first_error(ARITH, completer, [req], N)[0]
+    # Measured everywhere: 0.75 on the 7 reachable operation prefixes, 0 on the wrong one and the Answer line.
+    assert exhaustive.se == [0.75] * 7 + [0.0, 0.0] and exhaustive.imputed == 0
+    # Search over [0, 9]: probe 4 (0.75 -> lo 5), 7 (0 -> hi 7), 6 (0.75 -> lo 7): first error at 7. The
+    # six prefixes never probed get SE = HE: 1.0 where a soft target would have been 0.75.
+    assert search.he == exhaustive.he == [1] * 7 + [0, 0]
+    assert search.se == [1.0, 1.0, 1.0, 1.0, 0.75, 1.0, 0.75, 0.0, 0.0]
+    assert search.imputed == 6 and search.rollouts == 3 * N
+    # The round's metric: 6 of 9 step labels imputed by the search, none by exhaustive labelling.
+    assert imputed_share([search]) == pytest.approx(6 / 9)
+    assert imputed_share([exhaustive]) == 0.0
+
+
+def test_imputed_share_counts_steps_over_all_completions():
+    # 1 + 0 imputed of 3 + 1 + 0 steps; a blank completion has no step and weighs nothing.
+    labels = [Labels([1, 1, 0], [1.0, 0.5, 0.0], 8, imputed=1), Labels([1], [1.0]), Labels([], [])]
+    assert imputed_share(labels) == 0.25
+    assert imputed_share([Labels([], [])]) == 0.0 and imputed_share([]) == 0.0
 
 
 # --- agreement -----------------------------------------------------------------------------------------

@@ -146,6 +146,9 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"supervision": {"mode": "outcome", "rewards": {}}}, "supervision: outcome mode needs a weight above 0"),
         ({"supervision": {"mode": "rft", "rewards": {"orm": 0.5}}}, "supervision: rft mode rewards the verifier's correct samples only: drop orm"),
         ({"reward_model": {"kinds": ["prm", "value"]}}, "reward_model.kinds: unknown reward model kind 'value'; known: prm, orm"),
+        # half a local override of the hub would read the hub's test split against local training rows
+        ({"problems": {"kind": "gsm8k", "gsm8k": {"hub_name": "openai/gsm8k", "train_path": "t.jsonl"}}},
+         "problems: gsm8k.train_path and gsm8k.test_path go together"),
     ],
 )
 def test_field_errors_name_the_dotted_path(data, expected):

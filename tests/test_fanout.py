@@ -73,6 +73,8 @@ def _collect(tmp_path, policy_dir, name: str, **collect) -> list[dict]:
     cfg = config_from_dict(mini_config(tmp_path / name, collect=collect), check_trl=False)
     res = run_collection_phase(cfg, problem_set_from_config(cfg), policy_dir, cfg.run_dir, 1)
     assert res.metrics["collect/rollouts"] > 0  # the MC rollout stage was exercised, not only the samples
+    share = res.metrics["collect/imputed_label_share"]  # logged every round; only first_error imputes
+    assert share == 0.0 if cfg.collect.strategy == "exhaustive" else 0.0 <= share < 1.0
     return read_shard(res.shard_path)
 
 

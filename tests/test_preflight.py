@@ -7,14 +7,21 @@ naming the file, line or field, and leaves no run directory behind.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.config import config_from_dict
 from tests._harness import assert_user_error, run_cli
 from tests.conftest import mini_config
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -64,6 +71,16 @@ def test_gsm8k_test_question_in_train_names_it(tmp_path, capsys):
     data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"train_path": str(train), "test_path": str(test)}})
     rc, err = run_cli(tmp_path, capsys, data)
     assert_user_error(tmp_path, rc, err, "1 test question(s) also appear in train", "gsm8k-test-00001")
+
+
+def test_gsm8k_from_an_unreachable_hub_names_the_way_to_local_files(tmp_path, capsys, monkeypatch):
+    # Offline (and a name no hub holds, should a network be there): one error in preflight, nothing written.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"hub_name": "nobody-xyz/no-such-gsm8k"}})
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, "problems.gsm8k.hub_name 'nobody-xyz/no-such-gsm8k': cannot load it",
+                      "--set problems.gsm8k.train_path=")
 
 
 def test_good_gsm8k_data_passes_preflight(tmp_path):
@@ -142,3 +159,35 @@ def test_unreachable_tracking_uri(tmp_path, capsys):
     rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, tracking={"tracking_uri": uri}))
     assert time.monotonic() - start < 30
     assert_user_error(tmp_path, rc, err, f"MLflow tracking URI {uri!r} cannot be used")
+
+
+# --- the policy spec ---------------------------------------------------------------------------------------
+
+
+def test_a_missing_relative_model_path_offline_is_one_error_before_anything_is_written(tmp_path):
+    """`policy.model: my_model` (no ./, no such directory) is taken for a hub id; it used to pass preflight,
+    write the run directory and then wait on the network (rc 1 with a traceback after 64 s here, offline).
+
+    Through the real `igrpo run` in a subprocess, so HF_HUB_OFFLINE is read as a user's shell sets it.
+    """
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(mini_config(tmp_path, policy={"model": "my_model"})))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "run.yaml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - start
+    assert done.returncode == 2, done.stderr[-3000:]
+    # One error line (a library's FutureWarning may precede it on stderr), no traceback.
+    errors = [line for line in done.stderr.splitlines() if line.startswith("igrpo: error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    err = errors[0]
+    assert err.startswith("igrpo: error: policy.model 'my_model': "), err
+    # The path it looked for, why it is a hub id, how to write a local path, and why the hub cannot help.
+    for text in (str(tmp_path / "my_model"), "taken for a Hugging Face hub id", "a local path starts with ./",
+                 "write ./my_model", "HF_HUB_OFFLINE"):
+        assert text in err, f"{text!r} not in {err!r}"
+    # Nothing written: no run directory, no MLflow store (the tracking check comes after the policy's).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
+    # Imports take most of it (15-20 s on a loaded 2-core machine); the check itself makes no network call.
+    assert took < 180, took

@@ -22,8 +22,14 @@ from pipeline.problems import (
 from pipeline.problems.arithmetic import chain_values, format_solution, parse_prompt
 from pipeline.problems.base import answer_line_value
 
-# The shared data sits beside the checkout (../shared), in CI as in development.
-GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+# A few dozen GSM8K rows ship with the tests (tests/data/gsm8k/README.md says which); the full files are
+# not part of the repository, and the tests that need them skip when they are not beside the checkout.
+GSM8K_DIR = Path(__file__).resolve().parent / "data" / "gsm8k"
+FULL_GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+needs_full_gsm8k = pytest.mark.skipif(
+    not (FULL_GSM8K_DIR / "train.jsonl").is_file() or not (FULL_GSM8K_DIR / "test.jsonl").is_file(),
+    reason=f"GSM8K's full train.jsonl/test.jsonl are not in {FULL_GSM8K_DIR} (the fixture's tests still run)",
+)
 
 # The worked example of the brief: 7 +5 *3 -4 has the gold chain 7 -> 12 -> 36 -> 32.
 EXAMPLE = Problem(
@@ -249,8 +255,8 @@ def test_one_wrong_result_marks_exactly_that_step(arith):
 # ---------------------------------------------------------------- gsm8k: loading
 
 
-def test_gsm8k_loads_the_shared_files(gsm8k):
-    assert len(gsm8k.train) == 7473 and len(gsm8k.test) == 1319  # the lines of train.jsonl / test.jsonl
+def test_gsm8k_loads_the_fixture_files(gsm8k):
+    assert len(gsm8k.train) == 41 and len(gsm8k.test) == 20  # the lines of the fixture's train/test.jsonl
     first = gsm8k.train[0]
     assert first.id == "gsm8k-train-00000" and gsm8k.test[17].id == "gsm8k-test-00017"
     assert first.prompt.startswith("Solve the problem step by step")
@@ -269,7 +275,7 @@ def test_gsm8k_answers_are_canonical(gsm8k):
     for p in gsm8k.train + gsm8k.test:
         assert re.fullmatch(r"-?\d+(\.\d+)?", p.answer), p.answer  # commas gone
         assert "<<" not in p.solution and p.solution.endswith(f"\nAnswer: {p.answer}")
-    # Some rows end with "#### 10,000": the first of them is checked by value.
+    # Some rows end with "#### 10,000" (the fixture's last training row): it is read by value.
     raw = [json.loads(line) for line in (GSM8K_DIR / "train.jsonl").read_text().splitlines()]
     i = next(i for i, r in enumerate(raw) if r["answer"].endswith("#### 10,000"))
     assert gsm8k.train[i].answer == "10000"
@@ -278,8 +284,23 @@ def test_gsm8k_answers_are_canonical(gsm8k):
 def test_gsm8k_num_train_num_test_take_a_prefix(gsm8k):
     small = GSM8K.from_jsonl(GSM8K_DIR / "train.jsonl", GSM8K_DIR / "test.jsonl", num_train=5, num_test=3)
     assert small.train == gsm8k.train[:5] and small.test == gsm8k.test[:3]
-    with pytest.raises(ValueError, match="num_test=2000"):
+    with pytest.raises(ValueError, match="num_test=2000 but .*test.jsonl has only 20 problems"):
         GSM8K.from_jsonl(GSM8K_DIR / "train.jsonl", GSM8K_DIR / "test.jsonl", num_test=2000)
+
+
+@needs_full_gsm8k
+def test_gsm8k_full_files_load_and_the_fixture_is_their_copy(gsm8k):
+    full = GSM8K.from_jsonl(FULL_GSM8K_DIR / "train.jsonl", FULL_GSM8K_DIR / "test.jsonl")
+    assert len(full.train) == 7473 and len(full.test) == 1319  # the lines of train.jsonl / test.jsonl
+    for p in full.train + full.test:
+        assert re.fullmatch(r"-?\d+(\.\d+)?", p.answer), p.answer
+    # The fixture's rows are the files' own: the first 40 training rows plus the first "10,000" row, the first
+    # 20 test rows (ids are positions, so only the text is compared).
+    strip = lambda ps: [(p.prompt, p.answer, p.solution) for p in ps]  # noqa: E731
+    assert strip(gsm8k.train[:40]) == strip(full.train[:40]) and strip(gsm8k.test) == strip(full.test[:20])
+    raw = [json.loads(line) for line in (FULL_GSM8K_DIR / "train.jsonl").read_text().splitlines()]
+    i = next(i for i, r in enumerate(raw) if r["answer"].endswith("#### 10,000"))
+    assert strip(gsm8k.train[40:]) == strip([full.train[i]])
 
 
 def test_gsm8k_missing_file(tmp_path):
@@ -337,7 +358,8 @@ CLIPS = Problem(id="gsm8k-x", prompt="Question: clips\nSolution:\n", answer="72"
         ("Answer: 1/3", "1/3"),  # a non-terminating one stays a fraction
         ("Answer: \\sqrt{2}", None),  # not a rational number: not a GSM8K answer
         ("Answer: 70\nAnswer: 72", "72"),  # the last Answer line
-        ("so 72 clips", None),  # no Answer line: extract_answer states nothing (is_correct falls back)
+        ("so 72 clips", None),  # no Answer line: no stated answer (and the verifier says wrong, below)
+        ("**Answer:** 72", None),  # the line must start with "Answer:"
         ("Answer: none", None),
     ],
 )
@@ -354,8 +376,9 @@ def test_gsm8k_extract_answer(gsm8k, completion, expected):
         ("Answer: 72 clips", True),
         ("Answer: 73", False),
         ("Answer: 72\nAnswer: 73", False),  # the final word counts
-        ("48+24 = 72\nso she sold 72 clips", True),  # no Answer line: the last number
-        ("she sold 72 clips, or 70 if", False),  # ... and only the last one
+        # No Answer line: no answer, hence wrong, even when the last number is the gold one (Maj@K could
+        # not count its vote: the verifier must not count it either).
+        ("48+24 = 72\nso she sold 72 clips", False),
         ("no numbers at all", False),
         ("", False),
         ("Answer: \\frac{144}{2}", True),  # no plain number: math-verify reads it
@@ -363,6 +386,37 @@ def test_gsm8k_extract_answer(gsm8k, completion, expected):
 )
 def test_gsm8k_is_correct(gsm8k, completion, correct):
     assert gsm8k.is_correct(completion, CLIPS) is correct
+
+
+def test_gsm8k_verifier_is_the_extracted_answer_against_the_gold_one(gsm8k):
+    # One extraction for the verifier, Maj@K, best-of-N, collection and the RMs' labels: a completion is
+    # correct exactly when its extracted answer is the gold answer's canonical string.
+    completions = [p.solution for p in gsm8k.test] + [
+        "Answer: 72 clips", "Answer: \\frac{144}{2}", "so 72", "Answer: 71", "", "Answer: 72.000", "Answer: $72",
+    ]
+    for text in completions:
+        for problem in (CLIPS, *gsm8k.test[:3]):
+            assert gsm8k.is_correct(text, problem) == (gsm8k.extract_answer(text) == problem.answer), text
+
+
+def test_gsm8k_pass_at_k_and_maj_at_k_count_the_same_samples():
+    from pipeline.evaluate import summarize_samples
+
+    gsm8k = GSM8K([], [])
+    # The issue's example: three samples ending "... = 72 clips." with no Answer line, one "Answer: 70" (gold 72).
+    # Pass@1 counted the three through a last-number fallback of the verifier (0.75) while Maj@1, voting on the
+    # extracted answers, let none of them vote (0). Now neither counts them.
+    texts = ["48/2 = 24\n48+24 = 72 clips.", "She sold 48+24 = 72 clips.", "24+48 = 72 clips.", "48+22 = 70\nAnswer: 70"]
+    metrics = summarize_samples([([gsm8k.extract_answer(t) for t in texts], [gsm8k.is_correct(t, CLIPS) for t in texts])],
+                                [1, 2, 4])
+    assert metrics["pass@1"] == 0.0 and metrics["maj@1"] == 0.0
+    assert metrics["pass@4"] == 0.0 and metrics["maj@4"] == 0.0
+    # Stated on an Answer line, the same three count for both: Maj@1 is Pass@1 (a vote of one sample).
+    stated = [t + "\nAnswer: 72" for t in texts[:3]] + texts[3:]
+    metrics = summarize_samples([([gsm8k.extract_answer(t) for t in stated], [gsm8k.is_correct(t, CLIPS) for t in stated])],
+                                [1, 2, 4])
+    assert metrics["pass@1"] == metrics["maj@1"] == 0.75
+    assert metrics["maj@4"] == 1.0  # three votes for 72 against one for 70
 
 
 def test_gsm8k_gold_solutions_verify_and_have_no_step_labels(gsm8k):
@@ -374,8 +428,8 @@ def test_gsm8k_gold_solutions_verify_and_have_no_step_labels(gsm8k):
 def test_gsm8k_is_correct_off_the_main_thread(gsm8k):
     # math-verify's timeout uses SIGALRM, which a worker thread may not set; the verifier must still work.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        assert pool.submit(gsm8k.is_correct, "Answer: 72", CLIPS).result() is True
-        assert pool.submit(gsm8k.is_correct, "Answer: 71", CLIPS).result() is False
+        assert pool.submit(gsm8k.is_correct, "Answer: 72 clips", CLIPS).result() is True  # read by math-verify
+        assert pool.submit(gsm8k.is_correct, "Answer: 71 clips", CLIPS).result() is False
 
 
 # ---------------------------------------------------------------- load_problem_set
@@ -411,6 +465,23 @@ def test_config_choices_and_sections_come_from_the_registry():
         "train_path": str(GSM8K_DIR / "train.jsonl"), "test_path": str(GSM8K_DIR / "test.jsonl"), "num_test": 3}}})
     assert [p.id for p in problem_set_from_config(gsm).test] == [p.id for p in GSM8K.from_jsonl(
         GSM8K_DIR / "train.jsonl", GSM8K_DIR / "test.jsonl", num_test=3).test]
+
+
+def test_the_gsm8k_recipe_reads_the_hub_unless_local_files_are_given(monkeypatch):
+    from pipeline.config import load_config
+    from pipeline.problems import problem_set_from_config
+
+    # Offline: were the local files ignored, the hub read would fail at once instead of waiting on a network.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "smollm2-gsm8k.yaml"
+    cfg = load_config(recipe, check_trl=False)
+    assert cfg.problems.gsm8k.hub_name == "openai/gsm8k" and cfg.problems.gsm8k.train_path is None
+    local = load_config(recipe, [f"problems.gsm8k.train_path={GSM8K_DIR / 'train.jsonl'}",
+                                 f"problems.gsm8k.test_path={GSM8K_DIR / 'test.jsonl'}", "problems.gsm8k.num_test=20"],
+                        check_trl=False)
+    ps = problem_set_from_config(local)
+    assert isinstance(ps, GSM8K) and len(ps.train) == 41 and len(ps.test) == 20
 
 
 def test_load_problem_set_errors():

@@ -72,7 +72,11 @@ class ProblemSet(ABC):
         """The final answer the completion states, canonical; None if it states none or it is unparsable."""
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
-        """The verifier: True iff the completion's stated answer equals the gold answer."""
+        """The verifier: True iff the completion's stated answer equals the gold answer.
+
+        An override must judge exactly what `extract_answer` returns (no fallback of its own): Maj@K votes
+        on the extracted answers, so a sample the verifier counts without one would count for Pass@K only.
+        """
         return self.extract_answer(completion) == problem.answer
 
     def gold_step_labels(self, completion: str, problem: Problem) -> list[int] | None:

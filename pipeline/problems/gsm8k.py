@@ -1,8 +1,13 @@
-"""GSM8K (Cobbe et al., 2021) from local jsonl files or the Hugging Face hub, checked with math-verify.
+"""GSM8K (Cobbe et al., 2021) from local jsonl files or the Hugging Face hub, answers read with math-verify.
 
 Each row has a ``question`` and an ``answer`` whose rationale ends with ``#### <number>``. The gold
 solution keeps the rationale's lines without the calculator annotations ``<<48/2=24>>`` and ends with
 ``Answer: <number>``, the answer convention of every problem set. Gold step labels are unknown here.
+
+One extraction (`GSM8K.extract_answer`) serves the verifier, Maj@K, best-of-N, collection and the RMs'
+labels: a completion is correct iff its extracted answer is the gold answer's canonical string, so a
+sample Pass@K counts is always one Maj@K lets vote. A completion without an ``Answer:`` line states no
+answer: it is wrong, whatever numbers it holds.
 """
 
 from __future__ import annotations
@@ -51,16 +56,6 @@ def canonical_number(text: str) -> str | None:
     if value == value.to_integral_value():
         return str(int(value))
     return format(value.normalize(), "f")
-
-
-def last_number(text: str) -> str | None:
-    """The last number written in ``text``, canonical, or None.
-
-    >>> last_number("she earned $1,200 in 3 weeks")
-    '3'
-    """
-    numbers = _NUMBER_RE.findall(text)
-    return canonical_number(numbers[-1]) if numbers else None
 
 
 def solution_lines(rationale: str) -> list[str]:
@@ -145,7 +140,7 @@ def _check_disjoint(train: list[Problem], test: list[Problem]) -> None:
 
 
 class GSM8K(ProblemSet):
-    """Grade-school math word problems; answers are numbers checked with math-verify.
+    """Grade-school math word problems; answers are numbers, read with math-verify where they are not plain.
 
     Build with `GSM8K.from_jsonl` or `GSM8K.from_hub`. Problems keep file order, so ``num_train`` /
     ``num_test`` take a prefix of each file.
@@ -191,10 +186,22 @@ class GSM8K(ProblemSet):
         num_train: int | None = None,
         num_test: int | None = None,
     ) -> GSM8K:
-        """Load GSM8K with `datasets.load_dataset(name, config)` (its "train" and "test" splits)."""
+        """Load GSM8K with `datasets.load_dataset(name, config)` (its "train" and "test" splits).
+
+        Raises:
+            FileNotFoundError: the hub cannot give the dataset (offline, no network, no such name), saying
+                how to read local files instead.
+        """
         from datasets import load_dataset  # heavy import, only on this path
 
-        dataset = load_dataset(name, config)
+        try:
+            dataset = load_dataset(name, config)
+        except Exception as e:  # offline, unreachable, unknown name: one error with the way out, not a traceback
+            raise FileNotFoundError(
+                f"problems.gsm8k.hub_name {name!r}: cannot load it from the hub ({type(e).__name__}: {e}); read "
+                "local jsonl files instead: --set problems.gsm8k.train_path=DIR/train.jsonl "
+                "--set problems.gsm8k.test_path=DIR/test.jsonl"
+            ) from None
         splits = {}
         for split, count in (("train", num_train), ("test", num_test)):
             source = f"{name}[{split}]"
@@ -203,11 +210,12 @@ class GSM8K(ProblemSet):
         return cls(splits["train"], splits["test"])
 
     def extract_answer(self, completion: str) -> str | None:
-        """The number on the last ``Answer:`` line, canonical, or None.
+        """The number on the last ``Answer:`` line, canonical, or None (no such line, or no number on it).
 
         A plain number (``$1,036.``, ``0.50``, ``15%``) is read directly; anything else (``72 clips``,
-        ``\\frac{144}{2}``) is parsed by math-verify and kept if it is a rational number, so answers that
-        agree in value agree as strings (what majority voting counts).
+        ``\\frac{144}{2}``, ``\\boxed{72}``) is parsed by math-verify and kept if it is a rational number, so
+        answers that agree in value agree as strings (what majority voting counts, and what the verifier
+        compares with the gold answer: `ProblemSet.is_correct`).
 
         >>> GSM8K([], []).extract_answer("12*3 = 36\\nAnswer: $1,036.")
         '1036'
@@ -217,35 +225,27 @@ class GSM8K(ProblemSet):
             return None
         return canonical_number(value) or _rational_via_math_verify(value[:_MAX_VERIFY_CHARS])
 
-    def is_correct(self, completion: str, problem: Problem) -> bool:
-        """math-verify's judgement of the stated answer against the gold one.
-
-        The stated answer is `extract_answer`'s; with no ``Answer:`` line, the last number in the completion.
-        """
-        if answer_line_value(completion) is None:
-            candidate = last_number(completion)
-        else:
-            candidate = self.extract_answer(completion)
-        return candidate is not None and _math_verify(problem.answer, candidate)
-
 
 class GSM8KConfig(ProblemSetConfig):
-    train_path: str | None = Field(None, description="Local jsonl of training problems (GSM8K's format).")
+    train_path: str | None = Field(None, description="Local jsonl of training problems (GSM8K's format); with test_path, read instead of hub_name.")
     test_path: str | None = Field(None, description="Local jsonl of held-out problems.")
-    hub_name: str | None = Field(None, description="Hub dataset name instead of local files (e.g. openai/gsm8k).")
+    hub_name: str | None = Field(None, description="Hub dataset name (e.g. openai/gsm8k), used when no local files are given.")
     num_train: int | None = Field(None, ge=1, description="Use only the first N training problems.")
     num_test: int | None = Field(None, ge=1, description="Use only the first N held-out problems.")
 
     def check_selected(self) -> None:
-        if not self.hub_name and not (self.train_path and self.test_path):
+        if bool(self.train_path) != bool(self.test_path):  # half a local override would silently read the hub
+            raise ValueError("gsm8k.train_path and gsm8k.test_path go together (local files, read instead of "
+                             "gsm8k.hub_name)")
+        if not self.hub_name and not self.train_path:
             raise ValueError("gsm8k needs gsm8k.train_path and gsm8k.test_path, or gsm8k.hub_name")
 
 
 def _from_config(section: GSM8KConfig, seed: int) -> GSM8K:
-    # Files and the hub keep their order: the seed draws nothing here.
-    if section.hub_name:
-        return GSM8K.from_hub(name=section.hub_name, num_train=section.num_train, num_test=section.num_test)
-    return GSM8K.from_jsonl(section.train_path, section.test_path, section.num_train, section.num_test)
+    # Local files override the hub (a recipe names the hub, `--set` points at a copy); the seed draws nothing.
+    if section.train_path:
+        return GSM8K.from_jsonl(section.train_path, section.test_path, section.num_train, section.num_test)
+    return GSM8K.from_hub(name=section.hub_name, num_train=section.num_train, num_test=section.num_test)
 
 
 PROBLEM_SET = ProblemSetKind("gsm8k", GSM8KConfig, _from_config, "GSM8K from local jsonl or the hub.")
@@ -279,16 +279,3 @@ def _rational_via_math_verify(text: str) -> str | None:
     if set(sympy.primefactors(q)) <= {2, 5}:  # terminating decimal
         return canonical_number(format(Decimal(p) / Decimal(q), "f"))
     return f"{p}/{q}"
-
-
-def _math_verify(gold: str, candidate: str) -> bool:
-    """math-verify's ``verify(parse(gold), parse(candidate))``, never raising."""
-    from math_verify import parse, verify
-
-    timeout = _timeout()
-    try:
-        gold_parsed = parse(gold, parsing_timeout=timeout)
-        candidate_parsed = parse(candidate, parsing_timeout=timeout)
-        return bool(verify(gold_parsed, candidate_parsed, timeout_seconds=timeout))
-    except Exception:  # a parser failure on model text means "not verified", not a crash
-        return False
