@@ -41,14 +41,17 @@ def cmd_eval(args) -> None:
     from pipeline.evaluate import evaluate_policy
     from pipeline.generation import load_sampling_model
     from pipeline.problems import problem_set_from_config
+    from pipeline.prompts import renderer_from_config
 
     cfg = _config(args)
     e = cfg.eval
     ps = problem_set_from_config(cfg)
     model, tok = load_sampling_model(args.policy, e.backend, e.vllm_args)
-    ev = evaluate_policy(model, tok, ps, ps.test[: e.num_problems], n=e.samples_per_problem,
+    problems = ps.test[: e.num_problems]
+    ev = evaluate_policy(model, tok, ps, problems, n=e.samples_per_problem,
                          temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens,
-                         batch_size=e.batch_size, seed=cfg.run.seed)
+                         batch_size=e.batch_size, seed=cfg.run.seed,
+                         prompts=[renderer_from_config(cfg, tok).render(p) for p in problems])
     print(f"{'metric':<20}{'value':>10}")
     for k, v in ev.metrics.items():
         print(f"{k:<20}{v:>10.4f}")

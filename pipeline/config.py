@@ -116,12 +116,24 @@ class ProblemsConfig(Section):
     kind: Literal["arithmetic", "gsm8k"] = Field("arithmetic", description="Which problem set.")
     arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig, description="The embedded problem set.")
     gsm8k: GSM8KConfig = Field(default_factory=GSM8KConfig, description="GSM8K from local jsonl or the hub.")
+    prompt_format: Literal["chat", "plain"] | None = Field(None, description=(
+        "chat: the problem is the user's turn in the tokenizer's chat template, the same text in GRPO, collection, "
+        "evaluation and the RMs; plain: the prompt text as it is. None: chat when the tokenizer has a chat template."))
+    system_prompt: str | None = Field(None, description=(
+        "Chat only: a system message before the problem (None: the template's own default, if it has one)."))
 
     @model_validator(mode="after")
     def _gsm8k_source(self):
         g = self.gsm8k
         if self.kind == "gsm8k" and not g.hub_name and not (g.train_path and g.test_path):
             raise ValueError("gsm8k needs gsm8k.train_path and gsm8k.test_path, or gsm8k.hub_name")
+        return self
+
+    @model_validator(mode="after")
+    def _system_prompt_needs_chat(self):
+        if self.system_prompt is not None and self.prompt_format == "plain":
+            raise ValueError("system_prompt: only chat prompts have a system message; set prompt_format: chat "
+                             "or drop system_prompt")
         return self
 
 

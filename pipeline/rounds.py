@@ -13,6 +13,7 @@ from pipeline.config import PipelineConfig
 from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
 from pipeline.fsutil import read_json, write_json_atomic
 from pipeline.problems import problem_set_from_config
+from pipeline.prompts import renderer_from_config
 from pipeline.replay import round_dir
 from pipeline.runner import Manifest, phase_run, sub_run
 
@@ -103,15 +104,17 @@ def _eval(cfg: PipelineConfig, manifest: Manifest, r: int, report_to: str) -> di
     problem_set = problem_set_from_config(cfg)
     problems = problem_set.test[: e.num_problems]
     model, tokenizer = load_sampling_model(manifest.output(r, "policy")["path"], e.backend, e.vllm_args)
+    rendered = [renderer_from_config(cfg, tokenizer).render(p) for p in problems]
     ev = evaluate_policy(
         model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + r,
+        prompts=rendered,
     )
     metrics = {f"eval/{k}": v for k, v in ev.metrics.items()}
 
     # Best-of-N with this round's RMs on the same samples, beside majority vote and a random pick.
     rms = manifest.output(r, "reward_model")["paths"]
-    prompts = [[p.prompt] * len(t) for p, t in zip(problems, ev.texts)]
+    prompts = [[q] * len(t) for q, t in zip(rendered, ev.texts)]
     scorers = {kind: _scorer(path, kind, e.batch_size) for kind, path in rms.items()}
     for n in e.best_of_n:
         for kind, scorer in scorers.items():

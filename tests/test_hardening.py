@@ -98,6 +98,9 @@ def test_top_level_not_a_mapping(tmp_path, capsys):
         ("grpo", {"num_generations": 1}, "grpo.num_generations: must be at least 2"),
         ("eval", {"best_of_n": [2, 64]}, "eval.best_of_n [64] must lie in [1, eval.samples_per_problem]"),
         ("supervision", {"mode": "outcome", "verifier_weight": 0.0}, "outcome mode needs verifier_weight or orm_weight"),
+        ("problems", {"prompt_format": "dialog"}, "problems.prompt_format: Input should be 'chat' or 'plain'"),
+        ("problems", {"prompt_format": "plain", "system_prompt": "Be brief."},
+         "problems: system_prompt: only chat prompts have a system message"),
         # a field TRL's configs reject
         ("grpo", {"bogus": 1}, "grpo.bogus: not a field of TRL's config"),
         ("bootstrap", {"sft_args": {"num_epochz": 2}}, "bootstrap.sft_args.num_epochz: not a field of TRL's config"),
@@ -269,6 +272,17 @@ def test_gguf_file_that_is_not_gguf(tmp_path, capsys):
 def test_package_without_gguf(tmp_path, capsys):
     rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, policy={"model": "package:yaml"}))
     assert_user_error(tmp_path, rc, err, "policy 'package:yaml': package 'yaml' ships no .gguf file")
+
+
+@pytest.mark.parametrize("policy", ["tiny", "checkpoint"])
+def test_chat_prompts_on_a_tokenizer_without_a_template_fail_at_preflight(tmp_path, capsys, tiny_dirs, policy):
+    # The char tokenizer has no chat template: asking for chat prompts is one error naming the field, before
+    # any work (left unset, such a tokenizer gets plain prompts).
+    spec = "tiny" if policy == "tiny" else str(tiny_dirs / "policy")
+    data = mini_config(tmp_path, policy={"model": spec}, problems={"prompt_format": "chat"})
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, "problems.prompt_format: chat needs a tokenizer with a chat template",
+                      "set problems.prompt_format: plain")
 
 
 def test_tokenizer_without_eos():
