@@ -217,3 +217,36 @@ def test_a_dataset_without_prompt_text_is_read_as_trl_renders_it():
     messages = [{"role": "user", "content": "7 +5"}]
     inputs = [{"prompt": messages}, {"prompt": "7 +5\n"}, {"prompt": messages, "prompt_text": "given"}]
     assert prompt_texts(inputs, tok) == ["user: 7 +5\nassistant:\n", "7 +5\n", "given"]
+
+
+def test_chat_sft_bootstrap_trains_after_the_rendered_prompt(tmp_path, monkeypatch):
+    """The round-0 SFT of a chat-template policy: each example is the rendered prompt, then the gold solution
+    (the part trained on), so the bootstrapped policy learns to answer after what collection and GRPO show it."""
+    import trl
+
+    from pipeline.bootstrap import run_bootstrap
+    from pipeline.problems import problem_set_from_config
+
+    tok = chat_char_tokenizer()
+    save_model(tiny_policy(tok, 32, 2, 2, 64, 128, seed=0), tok, tmp_path / "policy")
+    cfg = config_from_dict(mini_config(tmp_path, policy={"model": str(tmp_path / "policy")},
+                                       problems={"arithmetic": {"num_train": 8, "num_test": 2}},
+                                       bootstrap={"sft_args": {"max_steps": 1, "per_device_train_batch_size": 8}}),
+                           check_trl=False)
+    seen = {}
+
+    class RecordingSFT(trl.SFTTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen["data"] = self.train_dataset
+
+    monkeypatch.setattr(trl, "SFTTrainer", RecordingSFT)
+    run_bootstrap(cfg, tmp_path / "sft")
+    renderer = PromptRenderer(tok)
+    for row, p in zip(seen["data"], problem_set_from_config(cfg).train):
+        assert row["prompt"] == renderer.render(p) and row["prompt"].startswith("user: ")
+        prompt_ids = tok(renderer.render(p))["input_ids"]
+        assert row["input_ids"][: len(prompt_ids)] == prompt_ids
+        trained = row["labels"][len(prompt_ids):]
+        assert row["labels"][: len(prompt_ids)] == [-100] * len(prompt_ids) and -100 not in trained
+        assert tok.decode(trained, skip_special_tokens=True) == p.solution  # then eos
