@@ -18,7 +18,7 @@ from models.factories import load_tokenizer
 from models.tokenizer import DEFAULT_ALPHABET
 from pipeline.config import config_from_dict, grpo_config
 from pipeline.policy import ProcessGRPOTrainer, prompt_texts, round_prompts
-from pipeline.problems import EmbeddedArithmetic, Problem
+from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem
 from pipeline.problems.gsm8k import problem_from_row
 from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.rewards import PrmScorer, checked, verifier_reward
@@ -65,6 +65,11 @@ def test_smollm2_chat_prompt_is_the_text_and_tokens_trl_conditions_on(smollm2):
         # TRL's own rendering of the conversational prompt, and the ids it generates after.
         assert maybe_apply_chat_template({"prompt": renderer.trl_prompt(p)}, smollm2)["prompt"] == text
         assert smollm2(text)["input_ids"] == trl_prompt_ids(smollm2, renderer.trl_prompt(p))
+    # GRPO's dataset: TRL's rendering of its `prompt` messages is its `prompt_text`, what the ORM and PRM read.
+    rows = round_prompts(GSM8K(GSM8K_LIKE, []), 2, 0, 1, renderer=renderer)
+    for row in rows:
+        assert maybe_apply_chat_template({"prompt": row["prompt"]}, smollm2)["prompt"] == row["prompt_text"]
+        assert row["prompt_text"] in {renderer.render(p) for p in GSM8K_LIKE}
 
 
 def test_smollm2_system_prompt_replaces_the_templates_default(smollm2):
