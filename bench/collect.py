@@ -60,7 +60,7 @@ def main() -> None:
     label_seconds = time.perf_counter() - t0
     e = stats["exhaustive"]
     # The limit: the same rollout inputs (prompt + step prefix), generated raw, with no labelling around them.
-    raw_texts = [r.problem.prompt + p for r in reqs for p, settled in zip(r.prefixes, r.settled) if settled is None]
+    raw_texts = [r.prompt + p for r in reqs for p, settled in zip(r.prefixes, r.settled) if settled is None]
     raw = sample(model, tok, raw_texts, a.n, seed=99, **opts)
     print(f"{len(items)} samples, {sum(len(r.prefixes) for r in reqs)} steps, N = {a.n}")
     print("\n1. throughput              rollouts/s   tokens/s")

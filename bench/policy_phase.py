@@ -21,6 +21,7 @@ from models.factories import load_tokenizer
 from pipeline.config import grpo_config, load_config
 from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, round_prompts
 from pipeline.problems import problem_set_from_config
+from pipeline.prompts import renderer_from_config
 from pipeline.rewards import verifier_reward
 from pipeline.scorers import PrmScorer
 
@@ -50,8 +51,8 @@ def main() -> None:
     prm_path = CACHE / f"prm-untrained-{policy.name}"
     if not (prm_path / "igrpo.json").exists():
         save_model(*reward_model_from_policy(str(policy), "prm"), prm_path)
-    data = round_prompts(ps, 10_000, cfg.run.seed, 1)
     tok = load_tokenizer(str(policy))
+    data = round_prompts(ps, 10_000, cfg.run.seed, 1, renderer=renderer_from_config(cfg, tok))
     args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=a.steps + a.warmup, logging_steps=1000)
 
     def run(kind: str) -> float:

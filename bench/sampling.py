@@ -15,6 +15,7 @@ from _common import bootstrapped_policy, quickstart
 from pipeline.config import load_config
 from pipeline.generation import load_sampling_model, sample
 from pipeline.problems import problem_set_from_config
+from pipeline.prompts import renderer_from_config
 
 
 def main() -> None:
@@ -28,12 +29,13 @@ def main() -> None:
     cfg = load_config(a.config, a.set) if a.config else quickstart(a.set)
     c = cfg.collect
     policy = bootstrapped_policy(cfg)
-    prompts = [p.prompt for p in problem_set_from_config(cfg).train[: a.prompts]]
+    problems = problem_set_from_config(cfg).train[: a.prompts]
     rates = {}
     for backend in a.backends.split(","):
         t0 = time.perf_counter()
         model, tok = load_sampling_model(str(policy), backend, dict(c.vllm_args) or {"gpu_memory_utilization": 0.5})
         load_s = time.perf_counter() - t0
+        prompts = [renderer_from_config(cfg, tok).render(p) for p in problems]  # chat or plain, as the pipeline
         opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens, batch_size=c.batch_size)
         sample(model, tok, prompts[:4], 1, seed=1, **opts)  # warm-up (CUDA kernels, vLLM graphs)
         out = sample(model, tok, prompts, a.samples, seed=0, **opts)
@@ -43,7 +45,7 @@ def main() -> None:
         del model
     if "hf" in rates and "vllm" in rates:
         print(f"vLLM / HF: {rates['vllm'][0] / rates['hf'][0]:.2f}x seq/s, {rates['vllm'][1] / rates['hf'][1]:.2f}x tokens/s")
-    print(f"{len(prompts)} prompts x {a.samples} samples, up to {c.max_new_tokens} new tokens, batch {c.batch_size}")
+    print(f"{len(problems)} prompts x {a.samples} samples, up to {c.max_new_tokens} new tokens, batch {c.batch_size}")
 
 
 if __name__ == "__main__":

@@ -218,18 +218,41 @@ def load_reward_model(
     return model, tokenizer, kind
 
 
-def lora_config(r: int, alpha: int, dropout: float, target_modules, task_type: str):
-    """A peft LoraConfig (what TRL's trainers take as `peft_config`)."""
+def lora_config(r: int, alpha: int, dropout: float, target_modules, task_type: str, modules_to_save=None):
+    """A peft LoraConfig (what TRL's trainers take as `peft_config`).
+
+    `modules_to_save` are trained in full beside the adapter, never wrapped by it: peft leaves out of the
+    LoRA targets (`all-linear` included) any module inside one of them.
+    """
     from peft import LoraConfig
 
-    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type=task_type)
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type=task_type,
+                      modules_to_save=list(modules_to_save) if modules_to_save else None)
+
+
+def classification_heads(model: PreTrainedModel) -> list[str]:
+    """The head modules of a classification model: its children other than the backbone that hold weights.
+
+    Any family: the backbone is the child named `base_model_prefix` (`model`, `transformer`, `roberta`...);
+    the rest is the head (`score`, `classifier`...). Dropout layers hold no weights and are left out.
+    """
+    backbone = getattr(model, "base_model_prefix", None)
+    return [name for name, child in model.named_children()
+            if name != backbone and next(child.parameters(), None) is not None]
 
 
 def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, target_modules, task_type: str):
-    """Wrap `model` in a peft LoRA adapter (only the adapter trains)."""
+    """Wrap `model` in a peft LoRA adapter (only the adapter trains, and a classification head in full).
+
+    A reward model's head is new: it trains in full (peft's `modules_to_save`) and must not get an adapter
+    as well. peft names it in `modules_to_save` only after choosing the LoRA targets for token classification,
+    so `all-linear` wrapped the head and peft then refused it (`modules_to_save cannot be applied to modules of
+    type lora.Linear`); naming the head here, before the targets are chosen, keeps it out of them.
+    """
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(r, alpha, dropout, target_modules, task_type))
+    heads = classification_heads(model) if task_type in ("SEQ_CLS", "TOKEN_CLS") else None
+    return get_peft_model(model, lora_config(r, alpha, dropout, target_modules, task_type, modules_to_save=heads))
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) -> Path:

@@ -13,6 +13,7 @@ from models import char_tokenizer, load_policy, save_model, tiny_policy
 from models.factories import apply_lora
 from pipeline.config import PipelineConfig, sft_config
 from pipeline.problems import problem_set_from_config
+from pipeline.prompts import renderer_from_config
 
 
 @dataclass
@@ -41,8 +42,10 @@ def run_bootstrap(cfg: PipelineConfig, out_dir: str | Path, callbacks=None) -> B
     metrics: dict[str, float] = {}
     if cfg.bootstrap.sft:
         problems = problem_set_from_config(cfg)
-        # prompt/completion rows: TRL trains on the completion only and appends eos to it.
-        data = Dataset.from_list([{"prompt": p.prompt, "completion": p.solution} for p in problems.train])
+        # prompt/completion rows: TRL trains on the completion only and appends eos to it. The prompt is the
+        # rendered text (in the chat template where there is one), what collection and evaluation condition on.
+        render = renderer_from_config(cfg, tokenizer).render
+        data = Dataset.from_list([{"prompt": render(p), "completion": p.solution} for p in problems.train])
         if cfg.policy.lora:
             lo = cfg.policy.lora
             model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, "CAUSAL_LM")

@@ -45,14 +45,21 @@ class LabelRequest:
     prefixes: list[str]
     # Per prefix: None if it states no answer yet (needs rollouts), else whether that answer is right.
     settled: list[bool | None] = field(default_factory=list)
+    # The text the completion continued (`PromptRenderer.render`); rollouts continue `prompt + prefix`.
+    prompt: str | None = None
+
+    def __post_init__(self):
+        if self.prompt is None:
+            self.prompt = self.problem.prompt
 
 
-def make_request(problem_set: ProblemSet, problem: Problem, completion: str) -> LabelRequest:
+def make_request(problem_set: ProblemSet, problem: Problem, completion: str, prompt: str | None = None) -> LabelRequest:
+    """`prompt`: the rendered prompt the completion was sampled after (default: the problem's plain prompt)."""
     prefixes = step_prefixes(completion)
     settled = [
         None if problem_set.extract_answer(p) is None else problem_set.is_correct(p, problem) for p in prefixes
     ]
-    return LabelRequest(problem, prefixes, settled)
+    return LabelRequest(problem, prefixes, settled, prompt)
 
 
 def _fractions(
@@ -61,7 +68,7 @@ def _fractions(
     """Share of N rollouts from each (request, step) prefix that reach the gold answer: one batched call."""
     if not jobs:
         return []
-    texts = [reqs[r].problem.prompt + reqs[r].prefixes[k] for r, k in jobs]
+    texts = [reqs[r].prompt + reqs[r].prefixes[k] for r, k in jobs]
     rollouts = completer(texts, n)
     return [
         sum(problem_set.is_correct(reqs[r].prefixes[k] + c, reqs[r].problem) for c in conts) / n
@@ -166,9 +173,12 @@ def run_collection_phase(
     sharded over the workers (`pipeline/fanout.py`) and merged here; labelling itself stays here, as it
     only reads strings. The shard is the same as with one worker.
     """
+    from models.factories import load_tokenizer
     from pipeline.fanout import open_sampler
+    from pipeline.prompts import renderer_from_config
 
     c = cfg.collect
+    render = renderer_from_config(cfg, load_tokenizer(str(policy_path))).render
     run_dir = Path(run_dir)
     seed = cfg.run.seed * 1000 + round_index
     stats = {"rollout_seconds": 0.0, "rollout_tokens": 0, "rollouts": 0}
@@ -184,12 +194,13 @@ def run_collection_phase(
 
         # Sample the fresh policy.
         problems = draw_prompts(problem_set, run_dir, round_index, c.prompts_per_round, cfg.run.seed)
-        fresh = sample([p.prompt for p in problems], c.samples_per_prompt, seed=seed, desc="samples")
+        prompts = {p.id: render(p) for p in problems}  # what the policy, the rollouts and the RMs read
+        fresh = sample([prompts[p.id] for p in problems], c.samples_per_prompt, seed=seed, desc="samples")
         items = [(p, j, fresh.texts[i][j], fresh.num_tokens[i][j])
                  for i, p in enumerate(problems) for j in range(c.samples_per_prompt)]
 
         # Label: verifier outcome, then MC step labels through one batched stream.
-        reqs = [make_request(problem_set, p, text) for p, _, text, _ in items]
+        reqs = [make_request(problem_set, p, text, prompts[p.id]) for p, _, text, _ in items]
         label = label_exhaustive if c.strategy == "exhaustive" else label_first_error
         labels = label(problem_set, completer, reqs, c.rollouts_per_step)
 
@@ -198,7 +209,7 @@ def run_collection_phase(
         g = problem_set.gold_step_labels(text, p) if problem_set.has_gold_step_labels else None
         gold.append(g)
         rows.append({
-            "round": round_index, "policy": str(policy_path), "prompt_id": p.id, "prompt": p.prompt,
+            "round": round_index, "policy": str(policy_path), "prompt_id": p.id, "prompt": prompts[p.id],
             "sample_index": j, "completion": text, "answer": problem_set.extract_answer(text),
             "steps": split_steps(text), "outcome": int(problem_set.is_correct(text, p)),
             "he_labels": lab.he, "se_labels": lab.se, "gold_labels": g, "rollouts": lab.rollouts,

@@ -93,6 +93,13 @@ class _ProblemsSection(Section):
         getattr(self, self.kind).check_selected()  # only the chosen set's section must be complete
         return self
 
+    @model_validator(mode="after")
+    def _system_prompt_needs_chat(self):
+        if self.system_prompt is not None and self.prompt_format == "plain":
+            raise ValueError("system_prompt: only chat prompts have a system message; set prompt_format: chat "
+                             "or drop system_prompt")
+        return self
+
 
 # `problems:`: `kind` and one section per problem set (`problems.arithmetic.*`...), from the registry.
 ProblemsConfig = create_model(
@@ -101,6 +108,11 @@ ProblemsConfig = create_model(
     kind=(Literal[KNOWN_KINDS], Field("arithmetic", description="Which problem set.")),
     **{kind: (p.config, Field(default_factory=p.config, description=p.description))
        for kind, p in PROBLEM_SETS.items()},
+    prompt_format=(Literal["chat", "plain"] | None, Field(None, description=(
+        "chat: the problem is the user's turn in the tokenizer's chat template, the same text in GRPO, collection, "
+        "evaluation and the RMs; plain: the prompt text as it is. None: chat when the tokenizer has a chat template."))),
+    system_prompt=(str | None, Field(None, description=(
+        "Chat only: a system message before the problem (None: the template's own default, if it has one)."))),
 )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.config import PipelineConfig
 from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
 from pipeline.problems import problem_set_from_config
+from pipeline.prompts import renderer_from_config
 from pipeline.rundir import write_json_atomic
 
 Scorer = Callable[[list[str], list[str]], list[float]]  # (prompts, completions) -> one solution score each
@@ -52,15 +53,17 @@ def run_eval_phase(
     problem_set = problem_set_from_config(cfg)
     problems = problem_set.test[: e.num_problems]
     model, tokenizer = load_sampling_model(str(policy_path), e.backend, e.vllm_args)
+    rendered = [renderer_from_config(cfg, tokenizer).render(p) for p in problems]  # what the RMs score after, too
     ev = evaluate_policy(
         model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + round_index,
+        prompts=rendered,
     )
     metrics = {f"eval/{k}": v for k, v in ev.metrics.items()}
     scorers = {kind: load_scorer(kind, path, cfg.reward_model, e.batch_size) for kind, path in (reward_models or {}).items()}
 
     # Best-of-N with each RM on the same samples, beside majority vote and a random pick.
-    prompts = [[p.prompt] * len(t) for p, t in zip(problems, ev.texts)]
+    prompts = [[q] * len(t) for q, t in zip(rendered, ev.texts)]
     scores = {kind: [score(ps, ts) for ps, ts in zip(prompts, ev.texts)] for kind, score in scorers.items()}
     for n in e.best_of_n:
         for kind, s in scores.items():

@@ -262,14 +262,16 @@ def evaluate_policy(
     max_new_tokens: int = 64,
     batch_size: int = 64,
     seed: int = 0,
+    prompts: Sequence[str] | None = None,
 ) -> PolicyEval:
     """Greedy accuracy, and Pass@K / Maj@K for K in 1, 2, 4, ... <= n from n samples per problem.
 
     `model` is an HF causal LM or a `vllm.LLM` (`generation.load_sampling_model` with `eval.backend`).
+    `prompts`: the text each problem is sampled after (`PromptRenderer.render`; default its plain prompt).
     """
     from pipeline.generation import sample
 
-    prompts = [p.prompt for p in problems]
+    prompts = list(prompts) if prompts is not None else [p.prompt for p in problems]
     opts = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     greedy = sample(model, tokenizer, prompts, 1, greedy=True, desc="eval greedy", **opts)
     sampled = sample(model, tokenizer, prompts, n, temperature=temperature, top_p=top_p, desc="eval samples", **opts)

@@ -24,6 +24,7 @@ from models.factories import kind_name, load_tokenizer, lora_config
 from pipeline.advantages import process_advantages, rft_advantages
 from pipeline.config import PipelineConfig, grpo_config
 from pipeline.problems import ProblemSet
+from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_spec
 from pipeline.scorers import PrmScorer
@@ -57,6 +58,16 @@ def dedupe_steps(scores: list[float], ends: list[int]) -> tuple[list[float], lis
     for s, e in zip(scores, ends):
         kept[e] = s
     return list(kept.values()), list(kept)
+
+
+def prompt_texts(inputs: list[dict], tokenizer, template_kwargs: dict | None = None) -> list[str]:
+    """The text each GRPO input's completions continue, as the PRM reads it: the dataset's `prompt_text`
+    (`round_prompts`), else the prompt itself, rendered as TRL renders it when it is a conversation."""
+    from trl.data_utils import maybe_apply_chat_template
+
+    return [x["prompt_text"] if "prompt_text" in x
+            else maybe_apply_chat_template({"prompt": x["prompt"]}, tokenizer, **(template_kwargs or {}))["prompt"]
+            for x in inputs]
 
 
 class ProcessGRPOTrainer(GRPOTrainer):
@@ -96,7 +107,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
             [self.processing_class.decode([t], skip_special_tokens=True) for t in row[: max(int(n), 1)].tolist()]
             for row, n in zip(ids, lengths)
         ]
-        prompts = [x["prompt"] for x in inputs]
+        prompts = prompt_texts(inputs, self.processing_class, self.chat_template_kwargs)
         scores = self.prm_scorer.step_scores(prompts, ["".join(p) for p in pieces])
         steps = [dedupe_steps(s, completion_step_ends(p)) for s, p in zip(scores, pieces)]
         scores, ends = [s for s, _ in steps], [e for _, e in steps]
@@ -131,12 +142,19 @@ class PolicyPhaseResult:
     metrics: dict[str, float]
 
 
-def round_prompts(problem_set: ProblemSet, count: int, seed: int, round_index: int) -> Dataset:
-    """The training prompts offered to GRPO in a round: a seeded draw from the training problems."""
+def round_prompts(
+    problem_set: ProblemSet, count: int, seed: int, round_index: int, *, renderer: PromptRenderer
+) -> Dataset:
+    """The training prompts offered to GRPO in a round: a seeded draw from the training problems.
+
+    `prompt` is what TRL takes (messages in chat format, TRL applying the template); `prompt_text` the same
+    prompt rendered as text, which the reward functions (ORM) and the PRM score the completions after.
+    """
     problems = list(problem_set.train)
     random.Random(seed * 1000 + round_index).shuffle(problems)
-    rows = [{"prompt": p.prompt, "answer": p.answer, "prompt_id": p.id, "solution": p.solution} for p in problems]
-    return Dataset.from_list(rows[: min(count, len(rows))])
+    rows = [{"prompt": renderer.trl_prompt(p), "prompt_text": renderer.render(p), "answer": p.answer,
+             "prompt_id": p.id, "solution": p.solution} for p in problems[: min(count, len(problems))]]
+    return Dataset.from_list(rows)
 
 
 def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, scorers: Mapping[str, SolutionScorer]):
@@ -183,12 +201,13 @@ def run_policy_phase(
         scorers[kind] = load_scorer(kind, reward_models[kind], cfg.reward_model, batch_size=cfg.collect.batch_size)
     prm = scorers.get("prm")
     funcs, weights = build_reward_funcs(cfg, problem_set, scorers)
-    data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index)
+    tokenizer = load_tokenizer(str(policy_path))
+    data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index,
+                         renderer=renderer_from_config(cfg, tokenizer))
 
     lo = cfg.policy.lora
     peft_config = lora_config(lo.r, lo.alpha, lo.dropout, lo.target_modules, "CAUSAL_LM") if lo else None
 
-    tokenizer = load_tokenizer(str(policy_path))
     # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.
     scratch = Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
     args = grpo_config(cfg, str(scratch), reward_weights=weights, report_to=report_to,

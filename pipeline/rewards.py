@@ -1,8 +1,10 @@
 """Reward functions by name (a registry) with TRL's signature, and the checks every reward goes through.
 
 TRL's reward signature is `(completions, **kwargs) -> list[float]`, the dataset columns arriving as kwargs
-(here `prompt`, `answer`, `prompt_id`, `solution`). A reward that raises, returns the wrong length, or
-returns NaN/inf is an error naming the function and the sample: a silent NaN would poison a whole round.
+(here `prompt_text`, `answer`, `prompt_id`, `solution`). With chat prompts TRL hands over each completion as
+a list of messages: `checked`, which wraps every reward given to TRL, turns it back into its text. A reward
+that raises, returns the wrong length, or returns NaN/inf is an error naming the function and the sample: a
+silent NaN would poison a whole round.
 
 `REWARD_FUNCS` maps the names that `supervision.rewards` weighs (`{verifier: 1.0, orm: 0.5}`) to a factory
 and the reward-model kind the function scores with, if any: the config then requires that kind in
@@ -42,11 +44,20 @@ def verifier_reward(problem_set: ProblemSet) -> RewardFunc:
     [1.0, 0.0]
     """
 
-    def verifier(completions: list[str], **kwargs) -> list[float]:
+    def verifier(completions: list, **kwargs) -> list[float]:
         problems = _problems_from_columns(completions, kwargs)
-        return [float(problem_set.is_correct(c, p)) for c, p in zip(completions, problems)]
+        return [float(problem_set.is_correct(completion_text(c), p)) for c, p in zip(completions, problems)]
 
     return verifier
+
+
+def completion_text(completion: str | list[dict]) -> str:
+    """A completion as text: TRL gives a conversational one as messages (`[{"role": "assistant", "content": ...}]`).
+
+    >>> completion_text([{"role": "assistant", "content": "Answer: 4"}]), completion_text("Answer: 4")
+    ('Answer: 4', 'Answer: 4')
+    """
+    return completion if isinstance(completion, str) else "".join(m["content"] for m in completion)
 
 
 def scorer_reward(scorer: SolutionScorer) -> RewardFunc:
@@ -57,9 +68,11 @@ def scorer_reward(scorer: SolutionScorer) -> RewardFunc:
     [3.0, 3.0]
     """
 
-    def rm(completions: list[str], prompts: list[str] | None = None, **kwargs) -> list[float]:
-        # GRPOTrainer passes the prompts as `prompts`; the dataset's `prompt` column is not among its kwargs.
-        return scorer(prompts if prompts is not None else kwargs["prompt"], completions)
+    def rm(completions: list[str], prompts: list | None = None, **kwargs) -> list[float]:
+        # The rendered prompt (`round_prompts`' `prompt_text`): with chat prompts GRPOTrainer's `prompts` are
+        # messages. Without that column: `prompts` (GRPOTrainer's), else the `prompt` column.
+        texts = kwargs.get("prompt_text") or (prompts if prompts is not None else kwargs["prompt"])
+        return scorer(texts, completions)
 
     return rm
 
@@ -114,10 +127,14 @@ def build_reward_func(name: str, problem_set: ProblemSet, scorers: Mapping[str, 
 
 
 def checked(func: RewardFunc, name: str | None = None) -> RewardFunc:
-    """Wrap a reward function so that misbehaviour is one clear `RewardError` naming it and the sample."""
+    """Wrap a reward function so that misbehaviour is one clear `RewardError` naming it and the sample.
+
+    The wrapped function gets the completions as text (`completion_text`), in either prompt format.
+    """
     name = name or getattr(func, "__name__", repr(func))
 
-    def wrapper(completions: list[str], **kwargs) -> list[float]:
+    def wrapper(completions: list, **kwargs) -> list[float]:
+        completions = [completion_text(c) for c in completions]
         try:
             values = func(completions, **kwargs)
         except Exception as e:  # the user's function: anything can come out

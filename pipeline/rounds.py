@@ -240,15 +240,18 @@ def _ensure_run(manifest: Manifest, key: str, parent: str, tags: dict) -> str:
 
 
 def preflight(cfg: PipelineConfig) -> None:
-    """What can be checked before any work: the problem set loads, the policy spec resolves, MLflow answers.
+    """What can be checked before any work: the problem set loads, the policy spec resolves, the prompt
+    format suits its tokenizer, MLflow answers.
 
     Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
     """
     from models.factories import check_model_available
+    from pipeline.prompts import check_prompt_format
 
-    problem_set_from_config(cfg)
+    problem_set = problem_set_from_config(cfg)
     if cfg.policy.model != "tiny":
         check_model_available(cfg.policy.model, "policy.model")
+    check_prompt_format(cfg, problem_set.train[0])
     tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
 
 

@@ -49,6 +49,9 @@ def test_top_level_not_a_mapping(tmp_path, capsys):
         ("supervision", {"mode": "outcome", "verifier_weight": 0.0}, "outcome mode needs a weight above 0 in supervision.rewards"),
         # a field TRL's configs reject
         ("grpo", {"bogus": 1}, "grpo.bogus: not a field of TRL's config"),
+        ("problems", {"prompt_format": "dialog"}, "problems.prompt_format: Input should be 'chat' or 'plain'"),
+        ("problems", {"prompt_format": "plain", "system_prompt": "Be brief."},
+         "problems: system_prompt: only chat prompts have a system message"),
         ("bootstrap", {"sft_args": {"num_epochz": 2}}, "bootstrap.sft_args.num_epochz: not a field of TRL's config"),
     ],
 )

@@ -168,6 +168,41 @@ def test_lora_checkpoint_is_merged_on_save(tiny_policy_dir, tok, tmp_path):
     torch.testing.assert_close(plain(**ids).logits, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["prm", "orm"])
+def test_all_linear_lora_reward_model_trains_its_head_in_full_and_merges(policy_dir, tmp_path, kind):
+    """`reward_model.lora: {target_modules: all-linear}` (configs/smollm2-gsm8k.yaml) on a token- and a
+    sequence-classification RM: the new head trains in full beside the adapter, and the checkpoint is merged.
+
+    Before the fix peft also wrapped the PRM's head in LoRA, then refused to keep it in `modules_to_save`
+    (TypeError: modules_to_save cannot be applied to modules of type lora.Linear).
+    """
+    from pipeline.config import config_from_dict
+    from pipeline.reward_model import train_reward_model
+    from tests.conftest import mini_config
+
+    task = {"prm": "TOKEN_CLS", "orm": "SEQ_CLS"}[kind]
+    wrapped = apply_lora(reward_model_from_policy(str(policy_dir), kind)[0], 2, 4, 0.0, "all-linear", task)
+    head = wrapped.base_model.model.score
+    assert type(head).__name__ == "ModulesToSaveWrapper" and not any("lora_" in n for n, _ in head.named_parameters())
+    assert any("q_proj.lora_A" in n for n, _ in wrapped.named_parameters())  # the backbone still gets its adapter
+
+    cfg = config_from_dict(mini_config(tmp_path, reward_model={
+        "lora": {"r": 2, "alpha": 4, "target_modules": "all-linear"},
+        "train_args": {"max_steps": 1, "learning_rate": 1e-2, "per_device_train_batch_size": 4}}), check_trl=False)
+    rows = [{"round": 0, "prompt_id": f"p{i}", "prompt": "7 +5\n", "completion": c, "outcome": o,
+             "he_labels": [o], "se_labels": [float(o)]} for i, (c, o) in enumerate([("Answer: 12", 1), ("Answer: 13", 0)] * 2)]
+    path = train_reward_model(cfg, kind, rows, policy_dir, tmp_path / kind, warm=False)
+
+    torch.manual_seed(cfg.run.seed)  # the head train_reward_model started from
+    start = reward_model_from_policy(str(policy_dir), kind)[0].state_dict()
+    trained, _, _ = load_reward_model(path, expect=kind)  # plain from_pretrained: merged, no peft needed
+    weights = trained.state_dict()
+    assert not any("lora" in k for k in weights)
+    assert not torch.equal(weights["score.weight"], start["score.weight"])  # the head trained
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(weights[q], start[q])  # and the adapter's step is merged into the backbone
+
+
 # --- specs --------------------------------------------------------------------------------------------
 
 

@@ -83,6 +83,17 @@ def test_gsm8k_from_an_unreachable_hub_names_the_way_to_local_files(tmp_path, ca
                       "--set problems.gsm8k.train_path=")
 
 
+@pytest.mark.parametrize("policy", ["tiny", "checkpoint"])
+def test_chat_prompts_on_a_tokenizer_without_a_template_fail_at_preflight(tmp_path, capsys, tiny_dirs, policy):
+    # The char tokenizer has no chat template: asking for chat prompts is one error naming the field, before
+    # any work (left unset, such a tokenizer gets plain prompts).
+    spec = "tiny" if policy == "tiny" else str(tiny_dirs / "policy")
+    data = mini_config(tmp_path, policy={"model": spec}, problems={"prompt_format": "chat"})
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, "problems.prompt_format: chat needs a tokenizer with a chat template",
+                      "set problems.prompt_format: plain")
+
+
 def test_good_gsm8k_data_passes_preflight(tmp_path):
     # The control for the rows above: the same files, well formed, load.
     from pipeline.rounds import preflight
