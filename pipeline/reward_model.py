@@ -23,7 +23,7 @@ from transformers import Trainer, TrainingArguments
 
 from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora
-from pipeline.config import PipelineConfig, device_defaults
+from pipeline.config import PipelineConfig, checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
 from pipeline.rewards import OrmScorer, PrmScorer, aggregate
 from pipeline.rundir import RunDir
@@ -180,7 +180,8 @@ def train_reward_model(
     if pairwise:
         from trl import RewardConfig, RewardTrainer
 
-        args = RewardConfig(output_dir=str(scratch), max_length=None, **{**defaults, **cfg.reward_model.train_args})
+        args = RewardConfig(output_dir=str(scratch), max_length=None, **{
+            **defaults, **checkpointing_defaults(RewardConfig, cfg.reward_model.train_args), **cfg.reward_model.train_args})
         trainer = RewardTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
                                 processing_class=tokenizer, callbacks=callbacks)
     else:
