@@ -70,3 +70,16 @@ def seen_advantages(monkeypatch) -> list:
 
     monkeypatch.setattr(ProcessGRPOTrainer, "_compute_loss", spy)
     return seen
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """A temp cwd; MLflow's URI (global and env) and its HTTP settings restored after the test."""
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(var, "unset")  # recorded, so that teardown restores the original state
+        monkeypatch.delenv(var)
+    yield
+    mlflow.set_tracking_uri(None)
