@@ -26,9 +26,32 @@ def cmd_run(args) -> None:
     preflight(cfg)  # fail fast and quietly, before Prefect starts
     refuse_if_locked(cfg.run_dir)
     from flows.iterative import iterative_rl
+    from pipeline.compare import rounds_from_run_dir, rounds_table
 
     result = iterative_rl(cfg.model_dump(mode="json"), force=args.force)
-    print(json.dumps(result, indent=2))
+    print(rounds_table([(cfg.run.name, rounds_from_run_dir(cfg.run_dir))]))
+    print(f"run directory: {result['run_dir']}  (igrpo compare {result['run_dir']}: the same table and a plot)")
+    print(f"MLflow: parent run {result['mlflow_run']}, experiment {cfg.tracking.experiment!r}, "
+          f"at {result['tracking_uri']}")
+
+
+def cmd_check(args) -> int:
+    """Validate the config and run the preflight, creating nothing; the resolved config on stdout."""
+    import yaml
+
+    from pipeline.rounds import check_run
+
+    cfg = _config(args)
+    found, errors = check_run(cfg)
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=None), end="")
+    for name, what in found.items():
+        print(f"igrpo: check: {name}: {what}", file=sys.stderr)
+    for error in errors:
+        print(f"igrpo: error: {error}", file=sys.stderr)
+    if errors:
+        return 2
+    print(f"igrpo: check: {args.config} is ready to run (nothing was created)", file=sys.stderr)
+    return 0
 
 
 def cmd_bootstrap(args) -> None:
@@ -128,17 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="igrpo", description="DeepSeekMath iterative RL: GRPO + PRM/ORM retrained each round.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def cmd(name, func, help_, config=True):
+    def cmd(name, func, help_, config=True, console=True):
         s = sub.add_parser(name, help=help_, description=help_)
         if config:
             s.add_argument("config", help="YAML run config (see configs/)")
             s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                            help="override a config field, e.g. --set grpo.learning_rate=1e-5 (repeatable)")
-        s.set_defaults(func=func)
+        s.set_defaults(func=func, console=console)  # console: set up for a person watching it (flows/console.py)
         return s
 
     s = cmd("run", cmd_run, "Run the whole iterative loop (resumes an unfinished run directory).")
     s.add_argument("--force", action="store_true", help="resume even though the config changed")
+    cmd("check", cmd_check, "Validate a config and run the preflight (data, model, MLflow, run directory) without "
+        "creating anything; print the resolved config. Exit 0 if `igrpo run` would start, else 2.", console=False)
     s = cmd("bootstrap", cmd_bootstrap, "Round 0's policy: SFT on the gold solutions.")
     s.add_argument("--out", help="checkpoint directory (default: the run's round-000/policy)")
     s = cmd("eval", cmd_eval, "Greedy accuracy, Pass@K and Maj@K of a policy on held-out problems; best-of-N with RMs.")
@@ -161,37 +186,45 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", help="backbone for a new RM (default: the round's policy)")
     s.add_argument("--previous", action="append", default=[], metavar="KIND=PATH",
                    help="warm start, e.g. prm=models:/iterative-grpo-prm@round-0 (default: the previous round's)")
-    s = cmd("compare", cmd_compare, "Pass@K / Maj@K / greedy per round of one or more runs, and a Fig. 7-style plot.", config=False)
+    s = cmd("compare", cmd_compare, "Pass@K / Maj@K / greedy per round of one or more runs, and a Fig. 7-style plot.",
+            config=False, console=False)
     s.add_argument("runs", nargs="+", help="run directories or MLflow parent run ids")
     s.add_argument("--out", default="compare.png", help="plot path")
     s.add_argument("--tracking-uri", help="MLflow tracking URI (for run ids)")
-    s = cmd("serve", cmd_serve, "Serve the flow with a cron schedule (Prefect), one run at a time.")
+    # serve and deploy keep Prefect's own console: an operator's commands, against a real server
+    s = cmd("serve", cmd_serve, "Serve the flow with a cron schedule (Prefect), one run at a time.", console=False)
     s.add_argument("--cron", required=True, help='e.g. "0 2 * * *"')
     s.add_argument("--name", help="deployment name (default: run.name)")
-    s = cmd("deploy", cmd_deploy, "Deploy the flow to a Prefect work pool.")
+    s = cmd("deploy", cmd_deploy, "Deploy the flow to a Prefect work pool.", console=False)
     s.add_argument("--pool", required=True)
     s.add_argument("--cron", help="optional schedule")
     s.add_argument("--name", help="deployment name (default: run.name)")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, console: bool | None = None) -> int:
+    """`igrpo ARGV...`; returns the exit code. `console` (default: called as the program, `argv` None) sets the
+    console up for a person (flows/console.py); in-process callers such as tests keep their own."""
     args = build_parser().parse_args(argv)
+    if (argv is None if console is None else console) and args.console:
+        from flows.console import quiet
+
+        quiet()
     try:
-        args.func(args)
+        return args.func(args) or 0
     except (ConfigError, FileNotFoundError) as e:
         print(f"igrpo: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
+        from pipeline.launch import LaunchError
         from pipeline.rewards import RewardError
         from pipeline.rundir import RunDirError
         from pipeline.tracking import TrackingError
 
-        if isinstance(e, (RunDirError, TrackingError, RewardError, ValueError)):
+        if isinstance(e, (RunDirError, TrackingError, RewardError, LaunchError, ValueError)):
             print(f"igrpo: error: {e}", file=sys.stderr)
             return 2
         raise
-    return 0
 
 
 if __name__ == "__main__":

@@ -60,4 +60,4 @@ def iterative_rl(config: dict, force: bool = False) -> dict:
 
         rounds.run_rounds(cfg, one_round)
         tracking.finish(parent)
-    return {"run_dir": str(cfg.run_dir), "mlflow_run": parent}
+    return {"run_dir": str(cfg.run_dir), "mlflow_run": parent, "tracking_uri": tracking.mlflow.get_tracking_uri()}

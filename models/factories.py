@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from transformers import (
 # scorer, LoRA task type) is its other half, `pipeline.reward_model.RM_KINDS`, keyed alike.
 RM_HEADS = {"prm": AutoModelForTokenClassification, "orm": AutoModelForSequenceClassification}
 LOCAL_OR_HUB = "a local path starts with ./, / or ~, ends in .gguf, or exists; anything else is a hub id"
+log = logging.getLogger(__name__)
 
 
 def tiny_policy(
@@ -180,9 +182,34 @@ def reward_model_from_policy(spec: str, kind: str) -> tuple[PreTrainedModel, Pre
         raise ValueError(f"reward model kind must be one of {sorted(RM_HEADS)}, got {kind!r}")
     path, gguf = resolve_spec(spec)
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
-    model = _dequantized(RM_HEADS[kind].from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32))
+    with _no_load_report():  # it reports the new head's weights as missing, which is the point here
+        model, info = RM_HEADS[kind].from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32,
+                                                     output_loading_info=True)
+    backbone = sorted(k for k in info["missing_keys"] if k.startswith(f"{model.base_model_prefix}."))
+    if backbone:  # what the report was for: backbone weights left at their random init
+        log.warning("%s from %r: %d backbone weights not in the checkpoint, left random: %s", kind.upper(), spec,
+                    len(backbone), ", ".join(backbone[:5]))
+    model = _dequantized(model)
     model.config.pad_token_id = tokenizer.pad_token_id  # sequence classification reads the last non-pad token
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _no_load_report():
+    """transformers logs a LOAD REPORT (a warning) for weights a checkpoint lacks; drop it around one load.
+
+    A filter, not a higher level: transformers checks that logger's level to decide on other warnings.
+    """
+    logger = logging.getLogger("transformers.modeling_utils")
+
+    def drop(record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def reward_model_kind(path: str | os.PathLike) -> str:

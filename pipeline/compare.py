@@ -20,15 +20,26 @@ def rounds_from_run_dir(run_dir: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+_RUN_ID = re.compile(r"[0-9a-f]{32}")  # MLflow's run ids: uuid4 hex
+
+
 def rounds_from_mlflow(run_id: str, tracking_uri: str | None) -> dict[int, dict[str, float]]:
     """round -> eval metrics from the cross-round metrics of an MLflow parent run."""
     import mlflow
     from mlflow import MlflowClient
 
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    client = MlflowClient()
-    run = client.get_run(run_id)
+    from pipeline import tracking
+
+    if not _RUN_ID.fullmatch(run_id):
+        raise ValueError(f"{run_id!r} is neither a run directory (no such path) nor an MLflow run id (32 hex digits)")
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    tracking.probe(uri, "", must_exist=True)  # a missing store is an error, not a new empty one
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        run = client.get_run(run_id)
+    except mlflow.exceptions.MlflowException as e:
+        raise ValueError(f"MLflow run {run_id} not found at {uri} ({e.message.splitlines()[0]}); "
+                         "give --tracking-uri where it was logged") from None
     out: dict[int, dict[str, float]] = {}
     for key in run.data.metrics:
         m = re.fullmatch(r"eval/(greedy|pass_at_\d+|maj_at_\d+)", key)
@@ -55,6 +66,11 @@ def compare(runs: list[str], out: str | Path = "compare.png", tracking_uri: str 
         first, last = min(per_round), max(per_round)
         for r in sorted({first, last}):
             curves[f"{label} round {r}"] = {k: v for k, v in per_round[r].items() if "@" in k}
+    return rounds_table(tables), plot_pass_maj(curves, out)
+
+
+def rounds_table(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> str:
+    """One row per (run label, round): greedy, then Pass@K and Maj@K for every K any run has ('-' where absent)."""
     ks = sorted({k for _, pr in tables for m in pr.values() for k in _ks(m)})
     cols = ["greedy"] + [f"{m}@{k}" for k in ks for m in ("pass", "maj")]
     lines = [f"{'run':<24}{'round':>6}" + "".join(f"{c:>10}" for c in cols)]
@@ -62,4 +78,4 @@ def compare(runs: list[str], out: str | Path = "compare.png", tracking_uri: str 
         for r, m in sorted(per_round.items()):
             cells = "".join(f"{m[c]:>10.3f}" if c in m else f"{'-':>10}" for c in cols)
             lines.append(f"{label:<24}{r:>6}" + cells)
-    return "\n".join(lines), plot_pass_maj(curves, out)
+    return "\n".join(lines)

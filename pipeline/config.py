@@ -31,7 +31,41 @@ _Loader.add_implicit_resolver(
 
 
 def _yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+    """Parse YAML text with `_Loader` (a SafeLoader: no arbitrary objects); a key given twice is a ConfigError.
+
+    PyYAML keeps the last of two equal keys without a word, so a config that sets a field twice would run
+    with whichever came last: the mapping nodes are checked before they become dicts.
+    """
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(node: yaml.Node, prefix: str = "", seen: set[int] | None = None) -> None:
+    """Walk a composed YAML document; a mapping holding one key twice is a ConfigError naming it and both lines."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node already walked
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                line = key.start_mark.line + 1
+                if key.value in first:
+                    raise ConfigError(f"{prefix}{key.value}: given twice, at line {first[key.value]} and line {line} "
+                                      "(YAML would silently keep the last one; remove one of them)")
+                first[key.value] = line
+            _refuse_duplicate_keys(value, f"{prefix}{key.value}." if isinstance(key, yaml.ScalarNode) else prefix, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, f"{prefix.rstrip('.')}[{i}].", seen)
 
 
 class ConfigError(ValueError):
@@ -377,7 +411,8 @@ def grpo_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
     """Build TRL's GRPOConfig from the YAML pass-through (our derived values fill only what is unset)."""
     from trl import GRPOConfig
 
-    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults()}
+    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults(),
+            **checkpointing_defaults(GRPOConfig, cfg.grpo)}
     args.update(cfg.grpo)
     args.update(overrides)
     return GRPOConfig(output_dir=output_dir, **args)
@@ -387,10 +422,34 @@ def sft_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
     """Build TRL's SFTConfig for the bootstrap from ``bootstrap.sft_args``."""
     from trl import SFTConfig
 
-    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults()}
+    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults(),
+            **checkpointing_defaults(SFTConfig, cfg.bootstrap.sft_args)}
     args.update(cfg.bootstrap.sft_args)
     args.update(overrides)
     return SFTConfig(output_dir=output_dir, **args)
+
+
+_RENAMED = (("gradient_checkpointing", "activation_checkpointing"),
+            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"))
+
+
+def checkpointing_defaults(config_class: type, given: dict[str, Any]) -> dict[str, Any]:
+    """TRL's configs default `gradient_checkpointing` to True, a name transformers 5 deprecates (a FutureWarning
+    each time one is built): the same setting under its new name, so nothing changes but the warning.
+
+    A value the user gives under either name wins (it is copied to the new name, which transformers reads).
+    Returns only names `config_class` has, so an older transformers without them gets nothing.
+    """
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+    out = {}
+    for old, new in _RENAMED:
+        if new in defaults and new not in given:
+            value = given.get(old, defaults.get(old))
+            if value is not None:
+                out[new] = value
+    return out
 
 
 def device_defaults() -> dict[str, Any]:
@@ -483,10 +542,15 @@ def load_config(path: str | Path, overrides: list[str] | None = None, check_trl:
         data = _yaml(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: malformed YAML: {e}") from None
-    if data is not None and not isinstance(data, dict):
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if data is None:  # an empty file is more likely a mistake (a wrong path, a lost edit) than a wish for defaults
+        raise ConfigError(f"{path} is empty (no sections, only blank lines or comments). To run every default on "
+                          "purpose, write `{}` in it (an empty mapping), or start a section such as `run: {}`")
+    if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
     try:
-        return config_from_dict(data or {}, overrides, check_trl)
+        return config_from_dict(data, overrides, check_trl)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 

@@ -28,7 +28,7 @@ from transformers import Trainer, TrainingArguments
 
 from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora
-from pipeline.config import PipelineConfig, RewardModelConfig, device_defaults
+from pipeline.config import PipelineConfig, RewardModelConfig, checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
 from pipeline.rundir import RunDir
 from pipeline.scorers import OrmScorer, PrmScorer, aggregate
@@ -281,7 +281,8 @@ def train_reward_model(
     if spec.pairwise(cfg.reward_model):
         from trl import RewardConfig, RewardTrainer
 
-        args = RewardConfig(output_dir=str(scratch), max_length=None, **{**defaults, **cfg.reward_model.train_args})
+        args = RewardConfig(output_dir=str(scratch), max_length=None, **{
+            **defaults, **checkpointing_defaults(RewardConfig, cfg.reward_model.train_args), **cfg.reward_model.train_args})
         trainer = RewardTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
                                 processing_class=tokenizer, callbacks=callbacks)
     else:

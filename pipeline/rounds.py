@@ -11,13 +11,17 @@ task wrapper as `step`; nothing here imports Prefect.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline import tracking
 from pipeline.config import PipelineConfig, resumed_config_diff
 from pipeline.problems import problem_set_from_config
-from pipeline.rundir import Manifest, RunDir, RunDirError, phase_key, read_json
+from pipeline.rundir import Manifest, RunDir, RunDirError, phase_key, read_json, refuse_if_locked
+
+log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
 
 # --------------------------------------------------------------------------------------- phase records
 
@@ -127,14 +131,40 @@ class Phase:
     launchable: bool = False  # `run` goes under `accelerate launch` with `launcher.kind: accelerate`
     models: Callable[[PipelineConfig, int], list[str]] | None = None  # one MLflow run per model it trains
     registers: bool = False  # its checkpoints become MLflow model versions `<experiment>-<kind>`
+    figures: tuple[str, ...] = ()  # its key metrics, for the console line when it ends (`@K`: the largest K)
 
 
 PHASES: dict[str, Phase] = {p.name: p for p in (
-    Phase("policy", _grpo, first=_bootstrap, launchable=True),
-    Phase("collect", _collect),
-    Phase("reward_model", _reward_model, launchable=True, models=_trained_rms, registers=True),
-    Phase("eval", _eval),
+    Phase("policy", _grpo, first=_bootstrap, launchable=True,
+          figures=("sft/train_loss", "policy/reward_start", "policy/reward_end")),
+    Phase("collect", _collect, figures=("collect/samples", "collect/verifier_accuracy", "collect/he_gold_agreement")),
+    Phase("reward_model", _reward_model, launchable=True, models=_trained_rms, registers=True,
+          figures=("prm/step_auc_mc", "prm/step_auc_gold", "orm/auc")),
+    Phase("eval", _eval, figures=("eval/greedy", "eval/pass@1", "eval/maj@K", "eval/pass@K")),
 )}
+
+
+def key_figures(metrics: dict[str, float], figures: tuple[str, ...]) -> dict[str, float]:
+    """The metrics named in `figures` that are present, in that order; a name ending in `@K` picks the largest K.
+
+    >>> key_figures({"eval/maj@1": 0.5, "eval/maj@16": 0.8, "eval/greedy": 0.7}, ("eval/greedy", "eval/maj@K", "x"))
+    {'eval/greedy': 0.7, 'eval/maj@16': 0.8}
+    """
+    out = {}
+    for name in figures:
+        if name.endswith("@K"):
+            ks = [int(k) for key in metrics if key.startswith(name[:-1]) and (k := key[len(name) - 1:]).isdigit()]
+            name = f"{name[:-1]}{max(ks)}" if ks else name
+        if name in metrics:
+            out[name] = metrics[name]
+    return out
+
+
+def phase_line(round_index: int, name: str, seconds: float, metrics: dict[str, float]) -> str:
+    """The console's line for a finished phase: round, phase, wall time, key figures."""
+    shown = "  ".join(f"{k} {int(v) if float(v).is_integer() and abs(v) >= 2 else f'{v:.3f}'}"
+                      for k, v in key_figures(metrics, PHASES[name].figures).items())
+    return f"round {round_index}  {name:<13}{seconds:5.0f}s  {shown}"
 
 
 # ------------------------------------------------------------------------------------------ Algorithm 1
@@ -179,9 +209,11 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
     """Run phase `name` of round `round_index` unless the manifest records it done; record and return it."""
     manifest = Manifest.load(cfg.run_dir)
     if manifest.done(round_index, name):
+        log.info("round %d  %-13s done before: skipped", round_index, name)
         return PhaseResult.from_manifest(manifest.output(round_index, name))
     phase = PHASES[name]
     runs = phase_runs(manifest, cfg, round_index, phase)
+    start = time.monotonic()
     kwargs = {"round_index": round_index, **inputs}
     if phase.launchable and cfg.launcher.kind == "accelerate" and _body(phase, round_index) is phase.run:
         from pipeline.launch import launch_phase
@@ -196,6 +228,7 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
     tracking.finish(runs.run_id)
     manifest = Manifest.load(cfg.run_dir)
     manifest.record(round_index, name, result.to_manifest())
+    log.info("%s", phase_line(round_index, name, time.monotonic() - start, result.metrics))
     return result
 
 
@@ -239,20 +272,94 @@ def _ensure_run(manifest: Manifest, key: str, parent: str, tags: dict) -> str:
 # ---------------------------------------------------------------------------------------- a whole run
 
 
+def _problems(cfg: PipelineConfig) -> str:
+    problems = problem_set_from_config(cfg)
+    return f"{problems.name}: {len(problems.train)} train, {len(problems.test)} held-out problems"
+
+
+def _policy_model(cfg: PipelineConfig) -> str:
+    from models.factories import check_model_available, resolve_spec
+
+    if cfg.policy.model == "tiny":
+        return "tiny (built here)"
+    check_model_available(cfg.policy.model, "policy.model")
+    path, gguf = resolve_spec(cfg.policy.model)
+    return f"{path}/{gguf}" if gguf else path
+
+
+def _prompts(cfg: PipelineConfig) -> str:
+    from pipeline.prompts import check_prompt_format
+
+    try:
+        problem = problem_set_from_config(cfg).train[0]
+    except Exception:  # the problems check reports it
+        return "not checked: the problem set does not load"
+    return f"prompt format {check_prompt_format(cfg, problem)}"
+
+
+def _launcher(cfg: PipelineConfig) -> str:
+    if cfg.launcher.kind == "local":
+        return "local (this process)"
+    from pipeline.launch import check_launchable
+
+    check_launchable(cfg.launcher)
+    return f"accelerate launch ({cfg.launcher.config_file or 'accelerate default config'})"
+
+
+def _run_directory(cfg: PipelineConfig) -> str:
+    """What `igrpo run` would do with the run directory; a RunDirError where it would refuse."""
+    refuse_if_locked(cfg.run_dir)
+    try:
+        manifest = Manifest.load(cfg.run_dir)
+    except FileNotFoundError:
+        return f"{cfg.run_dir}: new (will be created)"
+    refuse_changed_config(manifest, cfg)
+    return f"{cfg.run_dir}: resumes it ({len(manifest.data['phases'])} phases done)"
+
+
+def refuse_changed_config(manifest: Manifest, cfg: PipelineConfig) -> None:
+    """A RunDirError listing the differing keys when the run directory was started with another config."""
+    diff = resumed_config_diff(manifest.data["config"], cfg)
+    if diff:
+        raise RunDirError(
+            f"{cfg.run_dir} was started with another config; differing keys:\n  " + "\n  ".join(diff)
+            + "\nUse another run.name, or --force to continue with the new config"
+        )
+
+
 def preflight(cfg: PipelineConfig) -> None:
     """What can be checked before any work: the problem set loads, the policy spec resolves, the prompt
     format suits its tokenizer, MLflow answers.
 
     Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
     """
-    from models.factories import check_model_available
-    from pipeline.prompts import check_prompt_format
-
-    problem_set = problem_set_from_config(cfg)
-    if cfg.policy.model != "tiny":
-        check_model_available(cfg.policy.model, "policy.model")
-    check_prompt_format(cfg, problem_set.train[0])
+    _problems(cfg)
+    _policy_model(cfg)
+    _prompts(cfg)
+    _launcher(cfg)
     tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+
+
+def check_run(cfg: PipelineConfig) -> tuple[dict[str, str], list[str]]:
+    """`igrpo check`: the preflight, creating nothing (MLflow's store is probed, not opened), and the run directory.
+
+    Every check runs, so all problems show at once. Returns (what each check found, the errors).
+    """
+    checks = {
+        "problems": _problems,
+        "policy.model": _policy_model,
+        "problems.prompt_format": _prompts,
+        "launcher": _launcher,
+        "tracking": lambda c: tracking.probe(c.tracking.tracking_uri, c.tracking.experiment),
+        "run directory": _run_directory,
+    }
+    found, errors = {}, []
+    for name, check in checks.items():
+        try:
+            found[name] = check(cfg)
+        except (ValueError, OSError, RuntimeError) as e:  # the loaders' and checks' own errors, one line each
+            errors.append(str(e))
+    return found, errors
 
 
 def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
@@ -262,12 +369,8 @@ def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
         manifest = Manifest.load(cfg.run_dir)
     except FileNotFoundError:
         manifest = Manifest(cfg.run_dir, {"config": current, "phases": {}, "mlflow": {}})
-    diff = resumed_config_diff(manifest.data["config"], cfg)
-    if diff and not force:
-        raise RunDirError(
-            f"{cfg.run_dir} was started with another config; differing keys:\n  " + "\n  ".join(diff)
-            + "\nUse another run.name, or --force to continue with the new config"
-        )
+    if not force:
+        refuse_changed_config(manifest, cfg)
     manifest.data["config"] = current
     experiment = tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
     manifest.data["experiment_id"] = experiment

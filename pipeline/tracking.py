@@ -25,20 +25,94 @@ class TrackingError(RuntimeError):
     """The tracking server cannot be used; the message names the URI."""
 
 
+def _fail_fast(uri: str) -> None:
+    if uri.startswith(("http://", "https://")):
+        # Fail in seconds, not after MLflow's long default retries.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+
+
 def connect(tracking_uri: str | None, experiment: str) -> str:
     """Point MLflow at `tracking_uri` and make sure it answers, before any work; returns the experiment id."""
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     uri = mlflow.get_tracking_uri()
-    if uri.startswith(("http://", "https://")):
-        # Fail in seconds, not after MLflow's long default retries.
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    _fail_fast(uri)
     try:
         exp = MlflowClient().get_experiment_by_name(experiment)
         return exp.experiment_id if exp else MlflowClient().create_experiment(experiment)
     except Exception as e:  # any failure here means no tracking: stop before training
         raise TrackingError(f"MLflow tracking URI {uri!r} cannot be used: {e}") from None
+
+
+def probe(tracking_uri: str | None, experiment: str, must_exist: bool = False) -> str:
+    """Check that `connect` would succeed, creating nothing: no store, no experiment, no run. Returns a one-line
+    description of what `connect` will find (or create); raises TrackingError naming the URI, also for a local
+    store that does not exist yet when `must_exist` (reading runs from it).
+
+    MLflow creates a store as it opens one (a sqlite file and its tables, a database's tables), so stores are
+    looked at from outside: a sqlite file read-only (or, absent, the folder it would go in), another database
+    by connecting to it; a server is asked for the experiment by name, which reads only.
+    """
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    try:
+        return _probe(uri, experiment, must_exist)
+    except TrackingError:
+        raise
+    except Exception as e:  # any failure here means `igrpo run` would stop at the same point
+        raise TrackingError(f"MLflow tracking URI {uri!r} cannot be used: {e}") from None
+
+
+def _probe(uri: str, experiment: str, must_exist: bool) -> str:
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https", "databricks"):
+        _fail_fast(uri)
+        exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment)
+        return f"{uri} answers; experiment {experiment!r} " + ("exists" if exp else "will be created")
+    if scheme.startswith("sqlite"):
+        from sqlalchemy.engine import make_url
+
+        database = make_url(uri).database
+        if not database or database == ":memory:":
+            return f"{uri}: an in-memory store (gone when the run ends)"
+        return _probe_sqlite(uri, Path(database), experiment, must_exist)
+    if scheme in ("", "file"):
+        path = Path(urlparse(uri).path if scheme else uri)
+        if path.exists() and not path.is_dir():
+            raise TrackingError(f"MLflow tracking URI {uri!r}: {path} is a file, not a folder store")
+        return f"{uri}: " + ("a folder store" if path.is_dir() else _creatable(uri, path, must_exist))
+    import sqlalchemy  # another database MLflow supports (postgresql, mysql, mssql): reachable, nothing written
+
+    with sqlalchemy.create_engine(uri).connect():
+        pass
+    return f"{uri} answers"
+
+
+def _probe_sqlite(uri: str, path: Path, experiment: str, must_exist: bool) -> str:
+    import sqlite3
+
+    if not path.exists():
+        return f"{uri}: {_creatable(uri, path, must_exist)}"
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            found = db.execute("SELECT 1 FROM experiments WHERE name = ?", (experiment,)).fetchone()
+    except sqlite3.Error as e:
+        raise TrackingError(f"MLflow tracking URI {uri!r}: {path} is not an MLflow database ({e})") from None
+    return f"{uri}: experiment {experiment!r} " + ("exists" if found else "will be created")
+
+
+def _creatable(uri: str, path: Path, must_exist: bool) -> str:
+    """`path` does not exist: its nearest existing ancestor must be a folder this process can write in."""
+    if must_exist:
+        raise TrackingError(f"MLflow tracking URI {uri!r}: no store at {path}")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise TrackingError(f"MLflow tracking URI {uri!r}: cannot create {path}: {parent} is not a writable folder")
+    return f"{path} (will be created)"
 
 
 def metric_name(key: str) -> str:

@@ -169,7 +169,7 @@ def test_lora_checkpoint_is_merged_on_save(tiny_policy_dir, tok, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["prm", "orm"])
-def test_all_linear_lora_reward_model_trains_its_head_in_full_and_merges(policy_dir, tmp_path, kind):
+def test_all_linear_lora_reward_model_trains_its_head_in_full_and_merges(tiny_policy_dir, tmp_path, kind):
     """`reward_model.lora: {target_modules: all-linear}` (configs/smollm2-gsm8k.yaml) on a token- and a
     sequence-classification RM: the new head trains in full beside the adapter, and the checkpoint is merged.
 
@@ -181,7 +181,7 @@ def test_all_linear_lora_reward_model_trains_its_head_in_full_and_merges(policy_
     from tests.conftest import mini_config
 
     task = {"prm": "TOKEN_CLS", "orm": "SEQ_CLS"}[kind]
-    wrapped = apply_lora(reward_model_from_policy(str(policy_dir), kind)[0], 2, 4, 0.0, "all-linear", task)
+    wrapped = apply_lora(reward_model_from_policy(str(tiny_policy_dir), kind)[0], 2, 4, 0.0, "all-linear", task)
     head = wrapped.base_model.model.score
     assert type(head).__name__ == "ModulesToSaveWrapper" and not any("lora_" in n for n, _ in head.named_parameters())
     assert any("q_proj.lora_A" in n for n, _ in wrapped.named_parameters())  # the backbone still gets its adapter
@@ -191,10 +191,10 @@ def test_all_linear_lora_reward_model_trains_its_head_in_full_and_merges(policy_
         "train_args": {"max_steps": 1, "learning_rate": 1e-2, "per_device_train_batch_size": 4}}), check_trl=False)
     rows = [{"round": 0, "prompt_id": f"p{i}", "prompt": "7 +5\n", "completion": c, "outcome": o,
              "he_labels": [o], "se_labels": [float(o)]} for i, (c, o) in enumerate([("Answer: 12", 1), ("Answer: 13", 0)] * 2)]
-    path = train_reward_model(cfg, kind, rows, policy_dir, tmp_path / kind, warm=False)
+    path = train_reward_model(cfg, kind, rows, tiny_policy_dir, tmp_path / kind, warm=False)
 
     torch.manual_seed(cfg.run.seed)  # the head train_reward_model started from
-    start = reward_model_from_policy(str(policy_dir), kind)[0].state_dict()
+    start = reward_model_from_policy(str(tiny_policy_dir), kind)[0].state_dict()
     trained, _, _ = load_reward_model(path, expect=kind)  # plain from_pretrained: merged, no peft needed
     weights = trained.state_dict()
     assert not any("lora" in k for k in weights)

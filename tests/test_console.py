@@ -1,0 +1,172 @@
+"""What `igrpo run` prints: progress bars, one line per finished phase, the final table; no traceback, no warning.
+
+The slow test runs the main command on the mini config in a subprocess, as a user would, with none of the
+test suite's own quieting (conftest.py sets Prefect's and tqdm's environment for in-process tests).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import config_from_dict, grpo_config, sft_config
+from tests.conftest import mini_config
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASE_LINE = re.compile(r"^round (\d+)  (policy|collect|reward_model|eval) +\d+s  (.*)$", re.M)
+
+
+def user_env(tmp_path: Path) -> dict:
+    """The environment of a user who has configured nothing: a fresh Prefect home, no test-suite settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "TQDM_", "HF_DATASETS_"))}
+    return {**env, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PYTHONPATH": str(ROOT)}
+
+
+def igrpo(tmp_path: Path, *args: str, code: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m flows.cli ARGS` (or `code`, which ends by calling `main()`), stdout and stderr together."""
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "flows.cli", *args]
+    proc = subprocess.run(cmd, env=user_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout, start_new_session=True)
+    return proc
+
+
+def assert_quiet(output: str) -> None:
+    for noise in ("Traceback", "Warning", "WARNING", "[transformers]", "database is locked", "Task run",
+                  "Loading weights", "Creating initial MLflow database tables", "{'loss'", "'train_runtime'"):
+        assert noise not in output, f"{noise!r} in the console:\n{output[-6000:]}"
+
+
+# --- the main command on the mini config ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(tmp_path):
+    config = tmp_path / "mini.yaml"
+    config.write_text(yaml.safe_dump(mini_config(tmp_path)))
+    proc = igrpo(tmp_path, "run", str(config))
+    output = proc.stdout
+    assert proc.returncode == 0, output[-6000:]
+    assert_quiet(output)
+    # Progress bars: the trainers' and our sampling's.
+    assert "MC rollouts:" in output and "eval samples:" in output and "it/s]" in output
+    # One line per finished phase, in Algorithm 1's order, each with its key figures.
+    lines = PHASE_LINE.findall(output)
+    assert [(int(r), p) for r, p, _ in lines] == [(r, p) for r in range(3) for p in ("policy", "collect",
+                                                                                      "reward_model", "eval")]
+    figures = {(int(r), p): f for r, p, f in lines}
+    assert figures[0, "policy"].startswith("sft/train_loss ")
+    assert figures[1, "policy"].startswith("policy/reward_start ") and "policy/reward_end " in figures[1, "policy"]
+    assert figures[2, "collect"].startswith("collect/samples 12  collect/verifier_accuracy ")
+    assert figures[0, "reward_model"].startswith("prm/step_auc_mc ") and "orm/auc " in figures[0, "reward_model"]
+    assert re.fullmatch(r"eval/greedy [\d.]+  eval/pass@1 [\d.]+  eval/maj@4 [\d.]+  eval/pass@4 [\d.]+",
+                        figures[2, "eval"])
+    # The final table: a row per round, then where the run and its MLflow runs are.
+    table = output[output.index("run                      round"):].splitlines()
+    assert table[0].split() == ["run", "round", "greedy", "pass@1", "maj@1", "pass@2", "maj@2", "pass@4", "maj@4"]
+    assert [row.split()[:2] for row in table[1:4]] == [["mini", "0"], ["mini", "1"], ["mini", "2"]]
+    assert table[4].startswith(f"run directory: {tmp_path / 'runs' / 'mini'}")
+    assert table[5].startswith("MLflow: parent run ") and "experiment 'mini'" in table[5]
+
+
+@pytest.mark.slow
+def test_a_failing_phase_still_shows_its_error(tmp_path):
+    """The quieting must not hide a real error: a phase that raises prints it (and where), the run stops."""
+    config = tmp_path / "mini.yaml"
+    config.write_text(yaml.safe_dump(mini_config(tmp_path)))
+    fail_in_bootstrap = (
+        "import sys, pipeline.bootstrap as b\n"
+        "def broken(*a, **k):\n"
+        "    raise RuntimeError('the disk caught fire')\n"
+        "b.run_bootstrap = broken\n"
+        "from flows.cli import main\n"
+        "sys.argv[0] = 'igrpo'\n"
+        "sys.exit(main())\n"
+    )
+    proc = igrpo(tmp_path, "run", str(config), code=fail_in_bootstrap)
+    assert proc.returncode == 1, proc.stdout[-6000:]
+    assert "RuntimeError: the disk caught fire" in proc.stdout
+    assert "Traceback" in proc.stdout and "in broken" in proc.stdout  # where it was raised
+    assert not PHASE_LINE.search(proc.stdout)  # no phase finished
+    assert not (tmp_path / "runs" / "mini" / ".lock").exists()
+
+
+# --- the pieces, in-process -----------------------------------------------------------------------------
+
+
+def test_trl_configs_are_built_without_the_deprecated_checkpointing_name():
+    cfg = config_from_dict(mini_config(Path("unused")), check_trl=False)
+    with warnings.catch_warnings(record=True) as seen, tempfile.TemporaryDirectory() as tmp:
+        warnings.simplefilter("always")
+        built = [grpo_config(cfg, tmp), sft_config(cfg, tmp)]
+    assert [str(w.message) for w in seen if "checkpointing" in str(w.message)] == []
+    for args in built:  # TRL's default, unchanged: the same training as before, under the new name
+        assert args.activation_checkpointing is True and args.gradient_checkpointing is True
+
+
+@pytest.mark.parametrize("value", [False, True])
+def test_a_users_gradient_checkpointing_is_kept(value):
+    data = mini_config(Path("unused"), grpo={"gradient_checkpointing": value},
+                       bootstrap={"sft_args": {"gradient_checkpointing": value}})
+    cfg = config_from_dict(data, check_trl=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        for args in (grpo_config(cfg, tmp), sft_config(cfg, tmp)):
+            assert args.activation_checkpointing is value and args.gradient_checkpointing is value
+
+
+def test_phase_line_shows_the_phase_and_its_key_figures():
+    from pipeline.rounds import phase_line
+
+    metrics = {"eval/greedy": 0.745, "eval/pass@1": 0.6694, "eval/maj@4": 0.7, "eval/maj@16": 0.80625,
+               "eval/pass@16": 0.97, "eval/completions_per_s": 412.0, "bon/prm@4": 0.76}
+    assert phase_line(3, "eval", 12.4, metrics) == (
+        "round 3  eval            12s  eval/greedy 0.745  eval/pass@1 0.669  eval/maj@16 0.806  eval/pass@16 0.970")
+    # A count shows as an integer; a figure the phase did not produce (no gold labels) is left out.
+    assert phase_line(0, "collect", 61, {"collect/samples": 1536.0, "collect/verifier_accuracy": 0.625}) == (
+        "round 0  collect         61s  collect/samples 1536  collect/verifier_accuracy 0.625")
+
+
+def test_a_phase_done_before_is_one_skip_line(tmp_path, caplog):
+    from pipeline.rounds import run_phase
+    from pipeline.rundir import Manifest
+
+    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
+    Manifest(cfg.run_dir, {"config": {}, "phases": {}, "mlflow": {}}).record(0, "collect", {"metrics": {}, "path": "x"})
+    with caplog.at_level("INFO", logger="pipeline.rounds"):
+        assert run_phase(cfg, 0, "collect").path == "x"
+    assert [r.getMessage() for r in caplog.records] == ["round 0  collect       done before: skipped"]
+
+
+PREFECT_DEFAULTS = """
+import os, sys
+from flows.console import _prefect_defaults
+from prefect.settings import get_current_settings
+case = sys.argv[1]
+if case == "profile":
+    open(os.environ["PREFECT_PROFILES_PATH"], "w").write(
+        'active = "mine"\\n[profiles.mine]\\nPREFECT_SERVER_ANALYTICS_ENABLED = "true"\\n')
+_prefect_defaults()
+print(os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED"), get_current_settings().server.analytics_enabled,
+      os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"))
+"""
+
+
+def test_prefect_analytics_are_off_unless_the_user_turned_them_on(tmp_path):
+    results = {}
+    for case, extra in (("nothing", {}), ("env", {"PREFECT_SERVER_ANALYTICS_ENABLED": "true"}),
+                        ("profile", {"PREFECT_PROFILES_PATH": str(tmp_path / "profiles.toml")})):
+        env = {**user_env(tmp_path), **extra}
+        proc = subprocess.run([sys.executable, "-c", PREFECT_DEFAULTS, case], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        results[case] = proc.stdout.split()
+    assert results["nothing"] == ["false", "False", "WARNING"]  # ours: off, in this process and the server's env
+    assert results["env"] == ["true", "True", "WARNING"]  # the user's, kept
+    assert results["profile"] == ["None", "True", "WARNING"]  # the profile's, not overridden from the environment
