@@ -5,6 +5,11 @@ policy) writes N completions; hard estimation (HE) is 1 if any reaches the gold 
 (SE) the fraction that do. A prefix that already states a final answer needs no rollouts: the verifier
 labels it. Strategy `first_error` (OmegaPRM's idea) binary-searches the first step whose prefix can no
 longer reach the gold answer, assuming reachability is monotone, with about log2(K) probed prefixes.
+
+A prefix is cut from the policy's own tokens: the prompt's ids, then the sampled completion's ids up to
+the token holding the step's end (`steps.step_token_ends`, the token the PRM is trained on). Rollouts go on
+from those ids, never from the prefix's text tokenized again (which can give other tokens: SentencePiece
+spaces, a character split over byte tokens, a merge across the cut).
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from pathlib import Path
 
 from pipeline.config import PipelineConfig
 from pipeline.fsutil import write_json_atomic
+from pipeline.generation import Continuation, prompt_ids
 from pipeline.problems import Problem, ProblemSet
 from pipeline.replay import ReplayBuffer, shard_path, write_shard
-from pipeline.steps import split_steps, step_prefixes
+from pipeline.steps import split_steps, step_char_ends, step_token_ends, token_spans
 
-# completer(texts, n) -> n continuations of each text: the batched generation stream.
-Completer = Callable[[list[str], int], list[list[str]]]
+# completer(continuations, n) -> n whole completions from each (its prefix and what the policy wrote on):
+# the batched generation stream.
+Completer = Callable[[list[Continuation], int], list[list[str]]]
 
 
 @dataclass
@@ -38,17 +45,23 @@ class LabelRequest:
     """One completion to label: its problem, its step prefixes, and what the verifier says of each."""
 
     problem: Problem
-    prefixes: list[str]
+    prefixes: list[str]  # the completion's text up to the end of each step's end token
+    continuations: list[Continuation]  # what each prefix's rollouts go on from: the policy's own ids
     # Per prefix: None if it states no answer yet (needs rollouts), else whether that answer is right.
     settled: list[bool | None] = field(default_factory=list)
 
 
-def make_request(problem_set: ProblemSet, problem: Problem, completion: str) -> LabelRequest:
-    prefixes = step_prefixes(completion)
+def make_request(problem_set: ProblemSet, problem: Problem, tokenizer, completion_ids: list[int]) -> LabelRequest:
+    """The step prefixes of a sampled completion (its ids, eos excluded), as text and as the policy's tokens."""
+    text, spans = token_spans(tokenizer, completion_ids)
+    ends = step_token_ends(spans, text) if step_char_ends(text) else []  # a blank completion has no step
+    prompt = tuple(prompt_ids(tokenizer, problem.prompt))
+    prefixes = [text[: spans[e][1]] for e in ends]
+    continuations = [Continuation(prompt, tuple(completion_ids[: e + 1])) for e in ends]
     settled = [
         None if problem_set.extract_answer(p) is None else problem_set.is_correct(p, problem) for p in prefixes
     ]
-    return LabelRequest(problem, prefixes, settled)
+    return LabelRequest(problem, prefixes, continuations, settled)
 
 
 def _fractions(
@@ -57,11 +70,9 @@ def _fractions(
     """Share of N rollouts from each (request, step) prefix that reach the gold answer: one batched call."""
     if not jobs:
         return []
-    texts = [reqs[r].problem.prompt + reqs[r].prefixes[k] for r, k in jobs]
-    rollouts = completer(texts, n)
+    rollouts = completer([reqs[r].continuations[k] for r, k in jobs], n)
     return [
-        sum(problem_set.is_correct(reqs[r].prefixes[k] + c, reqs[r].problem) for c in conts) / n
-        for (r, k), conts in zip(jobs, rollouts)
+        sum(problem_set.is_correct(c, reqs[r].problem) for c in conts) / n for (r, k), conts in zip(jobs, rollouts)
     ]
 
 
@@ -152,35 +163,37 @@ def run_collection_phase(
     sharded over the workers (`pipeline/fanout.py`) and merged here; labelling itself stays here, as it
     only reads strings. The shard is the same as with one worker.
     """
+    from models.factories import load_tokenizer
     from pipeline.fanout import open_sampler
 
     c = cfg.collect
+    tokenizer = load_tokenizer(str(policy_path))  # the policy's: step prefixes are cut from its tokens
     run_dir = Path(run_dir)
     seed = cfg.run.seed * 1000 + round_index
     stats = {"rollout_seconds": 0.0, "rollout_tokens": 0, "rollouts": 0}
     with open_sampler(str(policy_path), c) as sample:
 
-        def completer(texts: list[str], n: int) -> list[list[str]]:
+        def completer(prefixes: list[Continuation], n: int) -> list[list[str]]:
             stats["calls"] = stats.get("calls", 0) + 1
-            out = sample(texts, n, seed=seed + 17 * stats["calls"], desc="MC rollouts")
+            out = sample(prefixes, n, seed=seed + 17 * stats["calls"], desc="MC rollouts")
             stats["rollout_seconds"] += out.seconds
             stats["rollout_tokens"] += out.total_tokens
-            stats["rollouts"] += len(texts) * n
+            stats["rollouts"] += len(prefixes) * n
             return out.texts
 
         # Sample the fresh policy.
         problems = draw_prompts(problem_set, run_dir, round_index, c.prompts_per_round, cfg.run.seed)
         fresh = sample([p.prompt for p in problems], c.samples_per_prompt, seed=seed, desc="samples")
-        items = [(p, j, fresh.texts[i][j], fresh.num_tokens[i][j])
+        items = [(p, j, fresh.texts[i][j], fresh.num_tokens[i][j], fresh.ids[i][j])
                  for i, p in enumerate(problems) for j in range(c.samples_per_prompt)]
 
         # Label: verifier outcome, then MC step labels through one batched stream.
-        reqs = [make_request(problem_set, p, text) for p, _, text, _ in items]
+        reqs = [make_request(problem_set, p, tokenizer, ids) for p, _, _, _, ids in items]
         label = label_exhaustive if c.strategy == "exhaustive" else label_first_error
         labels = label(problem_set, completer, reqs, c.rollouts_per_step)
 
     rows, gold = [], []
-    for (p, j, text, ntok), lab in zip(items, labels):
+    for (p, j, text, ntok, _), lab in zip(items, labels):
         g = problem_set.gold_step_labels(text, p) if problem_set.has_gold_step_labels else None
         gold.append(g)
         rows.append({

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from pipeline.problems import Problem, ProblemSet
-from pipeline.steps import char_to_token_ends, scored_step_ends
+from pipeline.steps import step_token_ends
 
 RewardFunc = Callable[..., list[float]]
 
@@ -118,8 +118,7 @@ class PrmScorer:
             probs = torch.sigmoid(logits[..., 0])  # (b, T)
             for r in range(probs.shape[0]):
                 i = s + r
-                ends = [len(prompts[i]) + e for e in scored_step_ends(completions[i])]
-                idx = char_to_token_ends(offs[r].tolist(), ends)
+                idx = step_token_ends(offs[r].tolist(), completions[i], start=len(prompts[i]))
                 out.append(probs[r, idx].tolist())
         for i, scores in enumerate(out):
             _refuse_nonfinite("PRM", scores, [completions[i]] * len(scores), sample=i)
