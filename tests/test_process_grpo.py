@@ -120,7 +120,7 @@ def run_grpo(tok, policy_dir, out_dir, rows, supervision: str, scorer=None, scal
     (inputs,) = seen
     order = rollout_order(inputs["completion_ids"], rows, tok.pad_token_id)
     return {"advantages": inputs["advantages"][order], "mask": inputs["completion_mask"][order],
-            "logs": trainer.state.log_history, "decoded": decoded}
+            "logs": trainer.state.log_history, "decoded": decoded, "table": list(trainer._logs["advantages"])}
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -201,6 +201,8 @@ def test_grpo_logs_the_advantages_it_used(grpo_run):
     assert logged["process/advantage_std"] == pytest.approx(used.std().item(), abs=1e-5)
     assert logged["process/advantage_min"] == pytest.approx(used.min().item(), abs=1e-5)
     assert logged["process/advantage_max"] == pytest.approx(used.max().item(), abs=1e-5)
+    # TRL's completions table (log_completions) shows each completion's first-token advantage, not the verifier's.
+    assert grpo_run["table"] == pytest.approx(adv[:, 0].tolist(), abs=1e-6)
     # Seven completions with steps: 4 in group A, 3 in group B (the masked one is left out).
     prompts = [PROMPT] * 4 + [PROMPT_B] * 3
     counts = [len(reference_steps(tok, grpo_run["prm"], p, r)) for p, r in zip(prompts, grpo_run["rows"])]
@@ -223,3 +225,4 @@ def test_rft_logs_the_advantages_it_used(tmp_path):
     assert logged["rft/advantage_mean"] == pytest.approx(used.mean().item(), abs=1e-6)
     assert logged["rft/advantage_std"] == pytest.approx(used.std().item(), abs=1e-6)
     assert (logged["rft/advantage_min"], logged["rft/advantage_max"]) == (0.0, 1.0)
+    assert run["table"] == adv.tolist()  # TRL's completions table: the 0/1 used, not group-normalised
