@@ -36,17 +36,17 @@ def main() -> None:
     opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens, batch_size=c.batch_size)
     problems = ps.train[: a.prompts]
     fresh = sample(model, tok, [p.prompt for p in problems], a.samples, seed=0, **opts)
-    items = [(p, t) for p, texts in zip(problems, fresh.texts) for t in texts]
-    gold = [ps.gold_step_labels(t, p) for p, t in items]
-    reqs = [make_request(ps, p, t) for p, t in items]
+    items = [(p, t, ids) for p, texts, row_ids in zip(problems, fresh.texts, fresh.ids) for t, ids in zip(texts, row_ids)]
+    gold = [ps.gold_step_labels(t, p) for p, t, _ in items]
+    reqs = [make_request(ps, p, tok, ids) for p, _, ids in items]
 
     stats = {}
 
     def completer_for(n_calls_key):
-        def completer(texts, n):
-            out = sample(model, tok, texts, n, seed=len(stats), **opts)
+        def completer(prefixes, n):
+            out = sample(model, tok, prefixes, n, seed=len(stats), **opts)
             s = stats.setdefault(n_calls_key, {"seqs": 0, "tokens": 0, "seconds": 0.0})
-            s["seqs"] += len(texts) * n
+            s["seqs"] += len(prefixes) * n
             s["tokens"] += out.total_tokens
             s["seconds"] += out.seconds
             return out.texts
@@ -59,8 +59,8 @@ def main() -> None:
     ex = label_exhaustive(ps, completer_for("exhaustive"), reqs, a.n)
     label_seconds = time.perf_counter() - t0
     e = stats["exhaustive"]
-    # The limit: the same rollout inputs (prompt + step prefix), generated raw, with no labelling around them.
-    raw_texts = [r.prompt + p for r in reqs for p, settled in zip(r.prefixes, r.settled) if settled is None]
+    # The limit: the same rollout inputs (prompt + step prefix ids), generated raw, with no labelling around them.
+    raw_texts = [c for r in reqs for c, settled in zip(r.continuations, r.settled) if settled is None]
     raw = sample(model, tok, raw_texts, a.n, seed=99, **opts)
     print(f"{len(items)} samples, {sum(len(r.prefixes) for r in reqs)} steps, N = {a.n}")
     print("\n1. throughput              rollouts/s   tokens/s")

@@ -168,15 +168,15 @@ def mc_label_agreement(cfg, policy_path: Path, prompts: int, samples: int, ns, s
     opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens, batch_size=c.batch_size)
     problems = random.Random(seed).sample(list(ps.train), prompts)
     fresh = sample(model, tok, [p.prompt for p in problems], samples, seed=seed, **opts)
-    items = [(p, t) for p, texts in zip(problems, fresh.texts) for t in texts]
-    gold = [ps.gold_step_labels(t, p) for p, t in items]
-    reqs = [make_request(ps, p, t) for p, t in items]
+    items = [(p, t, ids) for p, texts, row_ids in zip(problems, fresh.texts, fresh.ids) for t, ids in zip(texts, row_ids)]
+    gold = [ps.gold_step_labels(t, p) for p, t, _ in items]
+    reqs = [make_request(ps, p, tok, ids) for p, _, ids in items]
     by_n = {}
     for n in ns:
         calls = iter(range(1, 1 << 30))
 
-        def completer(texts, k, n=n):
-            return sample(model, tok, texts, k, seed=seed * 100003 + n * 1009 + next(calls), **opts).texts
+        def completer(prefixes, k, n=n):  # whole completions from the prefixes' own ids
+            return sample(model, tok, prefixes, k, seed=seed * 100003 + n * 1009 + next(calls), **opts).texts
 
         labels = label_exhaustive(ps, completer, reqs, n)
         by_n[str(n)] = {"he": agreement([x.he for x in labels], gold), "se": agreement([x.se for x in labels], gold),

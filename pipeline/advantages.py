@@ -146,17 +146,21 @@ def process_advantages(
     step_ends: Sequence[Sequence[int]],
     length: int,
     group_size: int,
+    scale: str = "group",
 ) -> Tensor:
     """Per-token advantages from per-step PRM rewards (DeepSeekMath §4.1.3, process supervision).
 
     All step rewards of one group (the `group_size` consecutive completions of one prompt) are normalised
     together, `r~ = (r - mean) / (std + 1e-4)` with mean and unbiased std over every step of every
-    completion of the group (std 0 when the group has a single step). Token t of completion i then gets the
+    completion of the group (std 0 when the group has a single step). `scale` is TRL's `scale_rewards`
+    carried over to steps: "group" as above, "batch" divides by the std of every step of the batch (still
+    centred on the group's mean, as TRL does), "none" only centres. Token t of completion i then gets the
     sum of the normalised rewards of its steps that end at or after t:
 
         A[i, t] = sum_{j : step_ends[i][j] >= t} r~[i][j]
 
-    so the first tokens carry the whole solution's signal and the tokens after the last step end get 0.
+    so the first tokens carry the whole solution's signal and the tokens after the last step end get 0
+    (GRPO first moves the last step's end onto the eos, `extend_last_step`).
     Worked example (REFERENCE.md): group steps [0.5, 1, 1, 1], [0.5, 0], [1] -> mean 0.714, std 0.393,
     output 1 normalised [-0.545, 0.726, 0.726, 0.726], its tokens get 1.634, 2.179, 1.453, 0.726 by step.
 
@@ -167,14 +171,17 @@ def process_advantages(
             (inclusive) of step j's last token in the completion, strictly increasing, in [0, length).
         length: T, the padded completion length of the batch.
         group_size: G, completions per prompt; B must be a multiple of it.
+        scale: "group" (default), "batch" or "none".
 
     Returns:
         (B, T) float32 advantages, ready for TRL's `(B, T)` advantages hook.
 
     Raises:
         ValueError: mismatched list lengths, step ends not increasing or out of range, or a non-finite
-            reward (naming completion i and step j); a bad `group_size` or `length`.
+            reward (naming completion i and step j); a bad `group_size`, `length` or `scale`.
     """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     _validate_process_inputs(step_rewards, step_ends, length, group_size)
     batch_size = len(step_rewards)
 
@@ -191,9 +198,16 @@ def process_advantages(
     n = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(reward))  # (N,)
     total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, reward)  # (N,)
     mean = total / n.clamp(min=1)  # (N,)  groups without steps never get read below
-    squares = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, (reward - mean[group]) ** 2)
-    std = torch.where(n > 1, (squares / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))  # (N,)
-    normalised = (reward - mean[group]) / (std[group] + STD_EPS)  # (S,)
+    centred = reward - mean[group]  # (S,)
+    if scale == "none":
+        normalised = centred
+    elif scale == "batch":
+        std = reward.std() if reward.numel() > 1 else reward.new_zeros(())  # () over every step of the batch
+        normalised = centred / (std + STD_EPS)
+    else:
+        squares = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, centred**2)
+        std = torch.where(n > 1, (squares / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))  # (N,)
+        normalised = centred / (std[group] + STD_EPS)  # (S,)
 
     # Put each normalised reward at its step's last token, then a reverse cumulative sum along T gives
     # every token the sum over the steps ending at or after it (and 0 after the last step end).
@@ -201,3 +215,67 @@ def process_advantages(
     at_ends[completion, end] = normalised  # ends are unique within a row, so no accumulation is needed
     advantages = at_ends.flip(1).cumsum(1).flip(1)  # (B, T)
     return advantages.to(torch.float32)  # (B, T)
+
+
+def extend_last_step(step_ends: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+    """Step ends with each completion's last step running to its last token: the eos when it stopped.
+
+    Decided (issue 15): DeepSeekMath's sum gives every token after the last step end 0, and the eos always
+    lies there (a step ends at its newline or last character, the eos follows), so stopping would never be
+    reinforced or discouraged. The eos (and any blank tokens before it) belongs to the last step instead:
+    it carries the last step's normalised reward, and every earlier token keeps its advantage, since the
+    sum over the steps ending at or after it is unchanged. Outcome mode does the same (the scalar advantage
+    is on every token, eos included).
+
+    Worked example: a completion of 13 tokens (eos at 12) whose steps end at tokens [2, 5, 8, 10] gets
+    [2, 5, 8, 12]; with REFERENCE.md's output 1 (normalised [-0.545, 0.726, 0.726, 0.726]) tokens 11 and
+    12 get 0.726 instead of 0. A completion with no steps (masked, `lengths` 0) stays without steps.
+
+    Args:
+        step_ends: B lists of strictly increasing token indices, as `process_advantages` takes them.
+        lengths: B completion lengths in tokens (eos included; 0 for a completion out of the loss).
+
+    Returns:
+        B new lists; only the last entry of each changes, to `lengths[i] - 1`.
+
+    Raises:
+        ValueError: mismatched lengths, or a step end at or beyond its completion's length (naming it).
+    """
+    if len(step_ends) != len(lengths):
+        raise ValueError(f"step_ends has {len(step_ends)} completions but lengths has {len(lengths)}")
+    out = []
+    for i, (ends, n) in enumerate(zip(step_ends, lengths)):
+        ends = [int(e) for e in ends]
+        if ends and ends[-1] >= n:
+            raise ValueError(f"completion {i}: step end {ends[-1]} is not inside its {n} tokens")
+        out.append(ends[:-1] + [int(n) - 1] if ends else [])
+    return out
+
+
+def advantage_stats(advantages: Tensor, lengths: Sequence[int]) -> dict[str, float]:
+    """Mean, std (unbiased), min and max of the advantages on the tokens that enter the loss.
+
+    What GRPO actually trains on: TRL logs the statistics of its own outcome advantages, which process and
+    rft modes replace. Token t of completion i counts when `t < lengths[i]` (a masked completion has
+    length 0 and does not count); an all-empty batch gives NaN statistics.
+
+    Args:
+        advantages: (B, T) per-token advantages, or (B,) one advantage per completion (every token's).
+        lengths: B token counts in the loss (eos included).
+
+    >>> advantage_stats(torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0]]), [2, 1])
+    {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0}
+    """
+    if advantages.dim() == 1:
+        width = max([int(n) for n in lengths], default=0)
+        advantages = advantages.unsqueeze(1).expand(-1, max(width, 1))  # (B, T)
+    if advantages.shape[0] != len(lengths):
+        raise ValueError(f"advantages have {advantages.shape[0]} rows but lengths has {len(lengths)}")
+    positions = torch.arange(advantages.shape[1]).unsqueeze(0)  # (1, T)
+    mask = positions < torch.tensor([int(n) for n in lengths]).unsqueeze(1)  # (B, T)
+    used = advantages.detach().cpu().double()[mask]  # (tokens,)
+    if used.numel() == 0:
+        nan = float("nan")
+        return {"mean": nan, "std": nan, "min": nan, "max": nan}
+    std = used.std().item() if used.numel() > 1 else 0.0
+    return {"mean": used.mean().item(), "std": std, "min": used.min().item(), "max": used.max().item()}

@@ -7,6 +7,11 @@ labels it. Strategy `first_error` (OmegaPRM's idea) binary-searches the first st
 longer reach the gold answer, assuming reachability is monotone, with about log2(K) probed prefixes; the
 labels of the steps it never probes are imputed from the search (HE, and SE set to HE: a hard label where
 `target: soft` asks for a soft one), and `collect/imputed_label_share` logs their share.
+
+A prefix is cut from the policy's own tokens: the prompt's ids, then the sampled completion's ids up to
+the token holding the step's end (`steps.step_token_ends`, the token the PRM is trained on). Rollouts go on
+from those ids, never from the prefix's text tokenized again (which can give other tokens: SentencePiece
+spaces, a character split over byte tokens, a merge across the cut).
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
+from pipeline.generation import Continuation, prompt_ids
 from pipeline.problems import Problem, ProblemSet
 from pipeline.replay import ReplayBuffer, write_shard
 from pipeline.rundir import RunDir, write_json_atomic
-from pipeline.steps import split_steps, step_prefixes
+from pipeline.steps import split_steps, step_char_ends, step_token_ends, token_spans
 
-# completer(texts, n) -> n continuations of each text: the batched generation stream.
-Completer = Callable[[list[str], int], list[list[str]]]
+# completer(continuations, n) -> n whole completions from each (its prefix and what the policy wrote on):
+# the batched generation stream.
+Completer = Callable[[list[Continuation], int], list[list[str]]]
 
 
 @dataclass
@@ -42,7 +49,8 @@ class LabelRequest:
     """One completion to label: its problem, its step prefixes, and what the verifier says of each."""
 
     problem: Problem
-    prefixes: list[str]
+    prefixes: list[str]  # the completion's text up to the end of each step's end token
+    continuations: list[Continuation]  # what each prefix's rollouts go on from: the policy's own ids
     # Per prefix: None if it states no answer yet (needs rollouts), else whether that answer is right.
     settled: list[bool | None] = field(default_factory=list)
     # The text the completion continued (`PromptRenderer.render`); rollouts continue `prompt + prefix`.
@@ -53,13 +61,21 @@ class LabelRequest:
             self.prompt = self.problem.prompt
 
 
-def make_request(problem_set: ProblemSet, problem: Problem, completion: str, prompt: str | None = None) -> LabelRequest:
-    """`prompt`: the rendered prompt the completion was sampled after (default: the problem's plain prompt)."""
-    prefixes = step_prefixes(completion)
+def make_request(problem_set: ProblemSet, problem: Problem, tokenizer, completion_ids: list[int],
+                 prompt: str | None = None) -> LabelRequest:
+    """The step prefixes of a sampled completion (its ids, eos excluded), as text and as the policy's tokens.
+
+    `prompt`: the rendered prompt the completion was sampled after (default: the problem's plain prompt).
+    """
+    text, spans = token_spans(tokenizer, completion_ids)
+    ends = step_token_ends(spans, text) if step_char_ends(text) else []  # a blank completion has no step
+    prompt_tokens = tuple(prompt_ids(tokenizer, prompt or problem.prompt))
+    prefixes = [text[: spans[e][1]] for e in ends]
+    continuations = [Continuation(prompt_tokens, tuple(completion_ids[: e + 1])) for e in ends]
     settled = [
         None if problem_set.extract_answer(p) is None else problem_set.is_correct(p, problem) for p in prefixes
     ]
-    return LabelRequest(problem, prefixes, settled, prompt)
+    return LabelRequest(problem, prefixes, continuations, settled, prompt)
 
 
 def _fractions(
@@ -68,11 +84,9 @@ def _fractions(
     """Share of N rollouts from each (request, step) prefix that reach the gold answer: one batched call."""
     if not jobs:
         return []
-    texts = [reqs[r].prompt + reqs[r].prefixes[k] for r, k in jobs]
-    rollouts = completer(texts, n)
+    rollouts = completer([reqs[r].continuations[k] for r, k in jobs], n)
     return [
-        sum(problem_set.is_correct(reqs[r].prefixes[k] + c, reqs[r].problem) for c in conts) / n
-        for (r, k), conts in zip(jobs, rollouts)
+        sum(problem_set.is_correct(c, reqs[r].problem) for c in conts) / n for (r, k), conts in zip(jobs, rollouts)
     ]
 
 
@@ -178,34 +192,35 @@ def run_collection_phase(
     from pipeline.prompts import renderer_from_config
 
     c = cfg.collect
-    render = renderer_from_config(cfg, load_tokenizer(str(policy_path))).render
+    tokenizer = load_tokenizer(str(policy_path))  # the policy's: step prefixes are cut from its tokens
+    render = renderer_from_config(cfg, tokenizer).render
     run_dir = Path(run_dir)
     seed = cfg.run.seed * 1000 + round_index
     stats = {"rollout_seconds": 0.0, "rollout_tokens": 0, "rollouts": 0}
     with open_sampler(str(policy_path), c) as sample:
 
-        def completer(texts: list[str], n: int) -> list[list[str]]:
+        def completer(prefixes: list[Continuation], n: int) -> list[list[str]]:
             stats["calls"] = stats.get("calls", 0) + 1
-            out = sample(texts, n, seed=seed + 17 * stats["calls"], desc="MC rollouts")
+            out = sample(prefixes, n, seed=seed + 17 * stats["calls"], desc="MC rollouts")
             stats["rollout_seconds"] += out.seconds
             stats["rollout_tokens"] += out.total_tokens
-            stats["rollouts"] += len(texts) * n
+            stats["rollouts"] += len(prefixes) * n
             return out.texts
 
         # Sample the fresh policy.
         problems = draw_prompts(problem_set, run_dir, round_index, c.prompts_per_round, cfg.run.seed)
         prompts = {p.id: render(p) for p in problems}  # what the policy, the rollouts and the RMs read
         fresh = sample([prompts[p.id] for p in problems], c.samples_per_prompt, seed=seed, desc="samples")
-        items = [(p, j, fresh.texts[i][j], fresh.num_tokens[i][j])
+        items = [(p, j, fresh.texts[i][j], fresh.num_tokens[i][j], fresh.ids[i][j])
                  for i, p in enumerate(problems) for j in range(c.samples_per_prompt)]
 
         # Label: verifier outcome, then MC step labels through one batched stream.
-        reqs = [make_request(problem_set, p, text, prompts[p.id]) for p, _, text, _ in items]
+        reqs = [make_request(problem_set, p, tokenizer, ids, prompts[p.id]) for p, _, _, _, ids in items]
         label = label_exhaustive if c.strategy == "exhaustive" else label_first_error
         labels = label(problem_set, completer, reqs, c.rollouts_per_step)
 
     rows, gold = [], []
-    for (p, j, text, ntok), lab in zip(items, labels):
+    for (p, j, text, ntok, _), lab in zip(items, labels):
         g = problem_set.gold_step_labels(text, p) if problem_set.has_gold_step_labels else None
         gold.append(g)
         rows.append({

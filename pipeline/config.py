@@ -354,6 +354,15 @@ class PipelineConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _grpo_fits_mode(self):
+        # A TRL option whose effect the mode replaces would be silently ignored: refuse it, with the reason.
+        lines = [f"grpo.{key}: {reason}" for key, (modes, reason) in _REPLACED_GRPO_FIELDS.items()
+                 if key in self.grpo and self.supervision.mode in modes]
+        if lines:
+            raise ValueError("\n".join(lines))
+        return self
+
+    @model_validator(mode="after")
     def _extras_installed(self):
         # Checked at load, so a missing engine fails before round 0, not when the first GRPO phase starts.
         missing: dict[str, list[str]] = {}
@@ -375,6 +384,17 @@ class PipelineConfig(Section):
 
 
 _WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}  # the setting that needs no extra
+
+# grpo: fields that some supervision modes replace, with why (honoured elsewhere: process mode applies
+# scale_rewards to its step rewards, and TRL's mask_truncated_completions leaves masked completions without steps).
+_REPLACED_GRPO_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "reward_weights": (("outcome", "process", "rft"), "set by the pipeline from supervision.verifier_weight and "
+                       "supervision.orm_weight; set those instead"),
+    "scale_rewards": (("rft",), "not used in rft mode: the advantage is the verifier's 0/1 reward itself, with no "
+                      "group baseline and no scaling (DeepSeekMath §5.2.1); remove it, or use mode outcome or process"),
+    "multi_objective_aggregation": (("process", "rft"), "not used in process or rft mode: it combines reward "
+                                    "functions into TRL's outcome advantages, which these modes replace; remove it"),
+}
 
 
 def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:

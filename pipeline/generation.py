@@ -6,6 +6,10 @@ jobs are sorted by prompt length (similar lengths share a batch and pad little) 
 shards of whole batches (`pipeline/fanout.py`) therefore gives the same texts as one process. vLLM
 seeds each job instead (its scheduler forms its own batches). Left padding, so every row continues
 right after its own prompt.
+
+A prompt is a text, or a `Continuation`: token ids to go on from (a prompt's ids, then the start of a
+completion in the policy's own tokens), which is how MC rollouts continue a sampled completion from a
+step's end without re-tokenizing its text.
 """
 
 from __future__ import annotations
@@ -13,17 +17,48 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 Job = tuple[int, int]  # (prompt index, sample index)
 Batch = tuple[int, list[Job]]  # (global batch index, its jobs)
-# One (job, text, num_tokens) per generated sequence.
-Generated = list[tuple[Job, str, int]]
+# One (job, text, num_tokens, completion ids) per generated sequence.
+Generated = list[tuple[Job, str, int, list[int]]]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """Generate on from token ids: the prompt's (`prompt_ids`), then the completion's first tokens.
+
+    The sample returned for it is the whole completion: `completion_ids` and the new tokens, decoded as one.
+    """
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+
+
+Prompt = str | Continuation
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    """The ids a text prompt is generated from (HF generate; vLLM tokenizes alike), the tokenizer's specials included."""
+    return tokenizer(prompt)["input_ids"]
+
+
+def _input_ids(tokenizer, prompt: Prompt) -> list[int]:
+    if isinstance(prompt, Continuation):
+        return [*prompt.prompt_ids, *prompt.completion_ids]
+    return prompt_ids(tokenizer, prompt)
+
+
+def _size(prompt: Prompt) -> int:
+    # Characters of a text, tokens of a continuation: what a batch pads to, in the unit at hand.
+    return len(prompt) if isinstance(prompt, str) else len(prompt.prompt_ids) + len(prompt.completion_ids)
+
 
 # Threads sharing a process share torch's global RNG: seeding and sampling a batch must not interleave.
 _RNG_LOCK = threading.Lock()
@@ -31,24 +66,26 @@ _RNG_LOCK = threading.Lock()
 
 @dataclass
 class Samples:
-    """`texts[i][j]`: the j-th completion of prompt i (special tokens dropped); `num_tokens` likewise."""
+    """`texts[i][j]`: the j-th completion of prompt i (special tokens dropped); `num_tokens` (generated, eos
+    included) and `ids` (the completion's token ids, eos excluded; a continuation's own first) likewise."""
 
     texts: list[list[str]]
     num_tokens: list[list[int]]
     seconds: float
+    ids: list[list[list[int]]] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:
         return sum(map(sum, self.num_tokens))
 
 
-def plan_batches(prompts: Sequence[str], n: int, batch_size: int) -> list[Batch]:
+def plan_batches(prompts: Sequence[Prompt], n: int, batch_size: int) -> list[Batch]:
     """All `n` jobs of every prompt, longest prompts first (stable), cut into numbered batches.
 
     >>> plan_batches(["a", "bbb", "cc"], 2, 4)
     [(0, [(1, 0), (1, 1), (2, 0), (2, 1)]), (1, [(0, 0), (0, 1)])]
     """
-    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n)), key=lambda ij: -len(prompts[ij[0]]))
+    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n)), key=lambda ij: -_size(prompts[ij[0]]))
     return [(b, jobs[s : s + batch_size]) for b, s in enumerate(range(0, len(jobs), batch_size))]
 
 
@@ -85,7 +122,7 @@ def load_sampling_model(path: str, backend: str = "hf", vllm_args: Mapping[str, 
 def sample(
     model,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
+    prompts: Sequence[Prompt],
     n: int = 1,
     *,
     temperature: float = 1.0,
@@ -110,18 +147,19 @@ def sample(
 
 
 def assemble(num_prompts: int, n: int, generated: Generated, seconds: float) -> Samples:
-    """Samples in the caller's order from (job, text, num_tokens) triples of any order."""
+    """Samples in the caller's order from (job, text, num_tokens, ids) rows of any order."""
     texts = [[""] * n for _ in range(num_prompts)]
     counts = [[0] * n for _ in range(num_prompts)]
-    for (i, j), text, k in generated:
-        texts[i][j], counts[i][j] = text, k
-    return Samples(texts, counts, seconds)
+    ids: list[list[list[int]]] = [[[] for _ in range(n)] for _ in range(num_prompts)]
+    for (i, j), text, k, row_ids in generated:
+        texts[i][j], counts[i][j], ids[i][j] = text, k, row_ids
+    return Samples(texts, counts, seconds, ids)
 
 
 def generate_batches(
     model,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: Mapping[int, str] | Sequence[str],
+    prompts: Mapping[int, Prompt] | Sequence[Prompt],
     batches: list[Batch],
     *,
     temperature: float,
@@ -134,7 +172,7 @@ def generate_batches(
     """Generate the given batches of a plan (all of it, or one shard); `prompts[i]` for each job's prompt i."""
     if is_vllm(model):
         jobs = [job for _, js in batches for job in js]
-        return _generate_vllm(model, prompts, jobs, temperature, top_p, max_new_tokens, greedy, seed)
+        return _generate_vllm(model, tokenizer, prompts, jobs, temperature, top_p, max_new_tokens, greedy, seed)
     return _generate_hf(model, tokenizer, prompts, batches, temperature, top_p, max_new_tokens, greedy, seed, desc)
 
 
@@ -151,9 +189,7 @@ def _generate_hf(
     total = sum(len(js) for _, js in batches)
     bar = tqdm(total=total, desc=desc or "sampling", unit="seq", disable=desc is None, leave=False)
     for b, batch in batches:
-        enc = tokenizer(
-            [prompts[i] for i, _ in batch], return_tensors="pt", padding=True, padding_side="left"
-        ).to(model.device)
+        enc = _left_padded([_input_ids(tokenizer, prompts[i]) for i, _ in batch], pad).to(model.device)
         # The fork too under the lock: another thread restoring its forked state must not land between
         # this seed and this generate.
         with _RNG_LOCK, torch.random.fork_rng(devices=[]):
@@ -172,8 +208,8 @@ def _generate_hf(
         is_eos = new == eos
         # Tokens up to and including the first eos; rows that never stop count every token.
         first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, new.shape[1])
-        decoded = tokenizer.batch_decode(new, skip_special_tokens=True)
-        out_rows += [(job, text, int(k)) for job, text, k in zip(batch, decoded, first_eos.tolist())]
+        for job, row, k in zip(batch, new.tolist(), first_eos.tolist()):
+            out_rows.append(_finished(tokenizer, prompts[job[0]], job, row[: k - (row[k - 1] == eos)], k))
         bar.update(len(batch))
         bar.set_postfix(seq_per_s=f"{bar.n / max(time.perf_counter() - start, 1e-9):.1f}")
     bar.close()
@@ -181,11 +217,32 @@ def _generate_hf(
     return out_rows
 
 
-def _generate_vllm(llm, prompts, jobs: list[Job], temperature, top_p, max_new_tokens, greedy, seed) -> Generated:
+def _left_padded(rows: list[list[int]], pad: int) -> BatchEncoding:
+    """input_ids and attention_mask (b, T) of id rows padded on the left, as `tokenizer(..., padding_side="left")`."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (b, T)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (b, T)
+    for r, row in enumerate(rows):
+        if row:
+            ids[r, width - len(row) :] = torch.tensor(row)
+            mask[r, width - len(row) :] = 1
+    return BatchEncoding({"input_ids": ids, "attention_mask": mask})
+
+
+def _finished(tokenizer, prompt: Prompt, job: Job, new_ids: list[int], num_tokens: int):
+    """One Generated row: a continuation's text is its completion ids and the new ones decoded together."""
+    ids = [*prompt.completion_ids, *new_ids] if isinstance(prompt, Continuation) else list(new_ids)
+    return job, tokenizer.decode(ids, skip_special_tokens=True), int(num_tokens), ids
+
+
+def _generate_vllm(
+    llm, tokenizer, prompts, jobs: list[Job], temperature, top_p, max_new_tokens, greedy, seed
+) -> Generated:
     """One vLLM request per job, each with its own seed (vLLM batches and schedules them itself).
 
     Not run in this project's CI (no GPU, no vLLM): written against vLLM's `LLM.generate(prompts,
-    sampling_params=[SamplingParams, ...])`, one `RequestOutput` per prompt in order.
+    sampling_params=[SamplingParams, ...])`, one `RequestOutput` per prompt in order; a `Continuation`
+    goes as a `{"prompt_token_ids": ...}` prompt.
     """
     from vllm import SamplingParams
 
@@ -199,6 +256,15 @@ def _generate_vllm(llm, prompts, jobs: list[Job], temperature, top_p, max_new_to
         )
         for i, j in jobs
     ]
-    outputs = llm.generate([prompts[i] for i, _ in jobs], params, use_tqdm=False)
-    # vLLM's token_ids include the eos token when generation stopped on it, like `num_tokens` here.
-    return [(job, o.outputs[0].text, len(o.outputs[0].token_ids)) for job, o in zip(jobs, outputs)]
+    inputs = [
+        {"prompt_token_ids": _input_ids(tokenizer, p)} if isinstance(p := prompts[i], Continuation) else p
+        for i, _ in jobs
+    ]
+    outputs = llm.generate(inputs, params, use_tqdm=False)
+    eos = tokenizer.eos_token_id
+    rows = []
+    for (i, j), o in zip(jobs, outputs):
+        # vLLM's token_ids include the eos token when generation stopped on it, like `num_tokens` here.
+        new = list(o.outputs[0].token_ids)
+        rows.append(_finished(tokenizer, prompts[i], (i, j), new[:-1] if new and new[-1] == eos else new, len(new)))
+    return rows

@@ -2,17 +2,19 @@
 
 Process supervision (DeepSeekMath §4.1.3) needs per-token advantages. TRL's `_compute_loss` accepts
 `(B, T)` advantages from a subclass, so `ProcessGRPOTrainer` overrides only
-`_generate_and_score_completions`: TRL generates and scores as usual, then the PRM scores every step and
-the advantages are replaced by `process_advantages`. Online RFT (§5.2.1) replaces them the same way, by
-the verifier's 0/1 reward (`rft_advantages`), which TRL's `scale_rewards` cannot express (it always
-subtracts the group mean). Everything else (loss types, clipping, KL) is TRL's.
+`_generate_and_score_completions`: TRL generates and scores as usual, then the PRM scores every step of
+the completions TRL decoded (steps located on the policy's own tokens by `steps.step_token_ends`) and the
+advantages are replaced by `process_advantages` (TRL's `scale_rewards` applied to the step rewards, the eos
+credited with the last step's reward, a completion TRL masked left without steps). Online RFT (§5.2.1)
+replaces them the same way, by the verifier's 0/1 reward (`rft_advantages`), which TRL's `scale_rewards`
+cannot express (it always subtracts the group mean). Everything else (loss types, clipping, KL) is TRL's.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,31 +23,44 @@ from trl import GRPOTrainer
 
 from models import save_model
 from models.factories import kind_name, load_tokenizer, lora_config
-from pipeline.advantages import process_advantages, rft_advantages
+from pipeline.advantages import advantage_stats, extend_last_step, process_advantages, rft_advantages
 from pipeline.config import PipelineConfig, grpo_config
 from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_spec
 from pipeline.scorers import PrmScorer
-from pipeline.steps import char_to_token_ends, scored_step_ends, token_char_ends
+from pipeline.steps import step_token_ends, token_spans
 
 
-def completion_step_ends(token_texts: list[str]) -> list[int]:
-    """Token index (inclusive) of each step's end in a completion given as decoded tokens.
+@dataclass
+class CompletionSteps:
+    """One completion of a GRPO batch as process supervision sees it."""
 
-    One entry per step, matching where `PrmScorer` reads its scores; a blank completion is one step
-    ending at its last token. Steps whose ends fall on one token repeat it (see `dedupe_steps`).
+    text: str  # its ids decoded once: what TRL's reward functions and the PRM read
+    ends: list[int]  # index, in its ids, of the token holding each step's end (`steps.step_token_ends`)
+    length: int  # its tokens in the loss, eos included; 0 when TRL masked it out (no steps then)
 
-    >>> completion_step_ends(["1", "=", "1", "\\n", "A", "\\n"])
-    [3, 5]
-    >>> completion_step_ends([""])
-    [0]
+
+def completion_steps(tokenizer, ids: Sequence[int], length: int) -> CompletionSteps:
+    """The text and step-end tokens of a generated completion: `ids[:length]`, the rest being padding.
+
+    One entry in `ends` per score `PrmScorer` reads from `text` (steps ending on one token repeat it, see
+    `dedupe_steps`). A completion whose text is empty (only the eos) is one step on its last token. A
+    completion of length 0 (`grpo.mask_truncated_completions` zeroed its mask) has no steps: it is out of
+    the loss, so it stays out of its group's statistics too.
+
+    >>> from models import char_tokenizer
+    >>> tok = char_tokenizer()
+    >>> completion_steps(tok, tok("1=1\\nA\\n").input_ids + [tok.eos_token_id, tok.pad_token_id], 7)
+    CompletionSteps(text='1=1\\nA\\n', ends=[3, 5], length=7)
+    >>> completion_steps(tok, [tok.eos_token_id], 1), completion_steps(tok, tok("1=1").input_ids, 0)
+    (CompletionSteps(text='', ends=[0], length=1), CompletionSteps(text='', ends=[], length=0))
     """
-    text = "".join(token_texts)
-    if not text.strip():
-        return [max(len(token_texts) - 1, 0)]
-    return char_to_token_ends(token_char_ends(token_texts), scored_step_ends(text))
+    if length == 0:
+        return CompletionSteps("", [], 0)
+    text, spans = token_spans(tokenizer, list(ids[:length]))
+    return CompletionSteps(text, step_token_ends(spans, text) if text else [length - 1], length)
 
 
 def dedupe_steps(scores: list[float], ends: list[int]) -> tuple[list[float], list[int]]:
@@ -70,9 +85,32 @@ def prompt_texts(inputs: list[dict], tokenizer, template_kwargs: dict | None = N
             for x in inputs]
 
 
+def process_metrics(step_rewards: Sequence[Sequence[float]], group_size: int) -> dict[str, float]:
+    """PRM step-reward figures of a batch; completions without steps (masked) are left out.
+
+    >>> process_metrics([[0.5, 1.0], [], [1.0], [1.0]], 2)
+    {'process/step_reward_mean': 0.875, 'process/steps_per_completion': 1.3333333333333333, 'process/frac_groups_zero_spread': 0.5}
+    """
+    flat = [v for s in step_rewards for v in s]
+    live = sum(1 for s in step_rewards if s)
+    spreads = []
+    for g in range(0, len(step_rewards), group_size):
+        values = [v for s in step_rewards[g : g + group_size] for v in s]
+        spreads.append(max(values) - min(values) if values else 0.0)  # no steps at all: no signal either
+    return {
+        "process/step_reward_mean": sum(flat) / len(flat) if flat else float("nan"),
+        "process/steps_per_completion": len(flat) / live if live else 0.0,
+        "process/frac_groups_zero_spread": sum(s < 1e-6 for s in spreads) / len(spreads),
+    }
+
+
 class ProcessGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantages come from a PRM's step rewards in `process` mode, or are the verifier's
     0/1 reward in `rft` mode (Online RFT: the first reward function must be the verifier).
+
+    In both modes the statistics of the advantages used are logged (`process/advantage_mean`, `_std`,
+    `_min`, `_max`, or `rft/...`, over the tokens in the loss), and TRL's completions table shows them
+    (a completion's first-token advantage); TRL's own `reward`, `reward_std` stay the verifier's.
 
     Args:
         prm_scorer: scores each step of `prompt + completion` (required in process mode).
@@ -94,46 +132,53 @@ class ProcessGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if self.supervision == "rft":
-            start = self.accelerator.process_index * len(inputs)
-            verifier = self._last_rewards[start : start + len(inputs), 0]  # (B,)
-            out["advantages"] = rft_advantages(verifier).to(out["completion_ids"].device)  # (B,)
+        if self.supervision == "outcome":
             return out
-        if self.supervision != "process":
-            return out
-        ids, mask = out["completion_ids"], out["completion_mask"]  # (B, T)
-        lengths = mask.sum(1).tolist()
-        pieces = [
-            [self.processing_class.decode([t], skip_special_tokens=True) for t in row[: max(int(n), 1)].tolist()]
-            for row, n in zip(ids, lengths)
-        ]
-        prompts = prompt_texts(inputs, self.processing_class, self.chat_template_kwargs)
-        scores = self.prm_scorer.step_scores(prompts, ["".join(p) for p in pieces])
-        steps = [dedupe_steps(s, completion_step_ends(p)) for s, p in zip(scores, pieces)]
-        scores, ends = [s for s, _ in steps], [e for _, e in steps]
-
-        # A group's completions may sit on several processes: normalise over the gathered group.
         from accelerate.utils import gather_object
 
-        all_scores, all_ends = gather_object(scores), gather_object(ends)
-        length = max(max(e) for e in all_ends) + 1
-        adv = process_advantages(all_scores, all_ends, max(length, ids.shape[1]), self.num_generations)  # (B_all, T')
-        start = self.accelerator.process_index * len(prompts)
-        out["advantages"] = adv[start : start + len(prompts), : ids.shape[1]].to(ids.device)  # (B, T)
-
-        mode = "train" if self.model.training else "eval"
-        flat = [v for s in all_scores for v in s]
-        group_spread = [
-            max(v for s in all_scores[g : g + self.num_generations] for v in s)
-            - min(v for s in all_scores[g : g + self.num_generations] for v in s)
-            for g in range(0, len(all_scores), self.num_generations)
-        ]
-        self._metrics[mode]["process/step_reward_mean"].append(sum(flat) / len(flat))
-        self._metrics[mode]["process/steps_per_completion"].append(len(flat) / len(all_scores))
-        self._metrics[mode]["process/frac_groups_zero_spread"].append(
-            sum(s < 1e-6 for s in group_spread) / len(group_spread)
-        )
+        ids = out["completion_ids"]  # (B, T)
+        lengths = [int(n) for n in out["completion_mask"].sum(1).tolist()]  # 0 for a masked completion
+        all_lengths = gather_object(lengths)  # a group's completions may sit on several processes
+        if self.supervision == "rft":
+            adv = rft_advantages(self._last_rewards[:, 0])  # (B_all,)
+        else:
+            adv = self._step_advantages(inputs, ids, lengths, all_lengths)  # (B_all, T')
+        start = self.accelerator.process_index * len(inputs)
+        local = adv[start : start + len(inputs)]
+        out["advantages"] = (local[:, : ids.shape[1]] if local.dim() == 2 else local).to(ids.device)
+        self._log_advantages(adv, all_lengths)
         return out
+
+    def _step_advantages(self, inputs, ids, lengths: list[int], all_lengths: list[int]):
+        """Score every step of this process's completions, gather the group, return (B_all, T') advantages."""
+        from accelerate.utils import gather_object
+
+        rows = [completion_steps(self.processing_class, r.tolist(), n) for r, n in zip(ids, lengths)]
+        live = [i for i, r in enumerate(rows) if r.length]  # a masked completion is not even scored
+        prompts = prompt_texts(inputs, self.processing_class, self.chat_template_kwargs)
+        scored = self.prm_scorer.step_scores([prompts[i] for i in live], [rows[i].text for i in live])
+        by_row = dict(zip(live, scored))
+        steps = [dedupe_steps(by_row[i], r.ends) if r.length else ([], []) for i, r in enumerate(rows)]
+        all_scores, all_ends = gather_object([s for s, _ in steps]), gather_object([e for _, e in steps])
+        group_size = self.num_generations if self.model.training else self.num_generations_eval
+        width = max([ids.shape[1], *all_lengths])
+        ends = extend_last_step(all_ends, all_lengths)  # the eos carries the last step's reward
+        adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards)
+        mode = "train" if self.model.training else "eval"
+        for key, value in process_metrics(all_scores, group_size).items():
+            self._metrics[mode][key].append(value)
+        return adv
+
+    def _log_advantages(self, adv, all_lengths: list[int]) -> None:
+        mode = "train" if self.model.training else "eval"
+        for key, value in advantage_stats(adv, all_lengths).items():
+            self._metrics[mode][f"{self.supervision}/advantage_{key}"].append(value)
+        # TRL put its own (the verifier's) advantage of every gathered completion last in its table's log.
+        logged = self._logs.get("advantages") if isinstance(getattr(self, "_logs", None), dict) else None
+        if logged is not None and len(logged) >= len(all_lengths):
+            for _ in all_lengths:
+                logged.pop()
+            logged.extend((adv[:, 0] if adv.dim() == 2 else adv).tolist())
 
 
 @dataclass

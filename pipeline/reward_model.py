@@ -32,7 +32,7 @@ from pipeline.config import PipelineConfig, RewardModelConfig, checkpointing_def
 from pipeline.replay import ReplayBuffer
 from pipeline.rundir import RunDir
 from pipeline.scorers import OrmScorer, PrmScorer, aggregate
-from pipeline.steps import char_to_token_ends, step_char_ends
+from pipeline.steps import step_char_ends, step_token_ends
 
 
 def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
@@ -70,11 +70,11 @@ def prm_examples(rows: list[dict], tokenizer, target: str) -> list[dict]:
     key = "he_labels" if target == "hard" else "se_labels"
     out = []
     for r in rows:
-        ends = step_char_ends(r["completion"])
-        if not ends:
+        if not step_char_ends(r["completion"]):
             continue  # a blank completion has no step to label
         enc = tokenizer(r["prompt"] + r["completion"], return_offsets_mapping=True)
-        idx = char_to_token_ends(enc["offset_mapping"], [len(r["prompt"]) + e for e in ends])
+        # The tokens PrmScorer reads in GRPO and evaluation (the same helper, the same text).
+        idx = step_token_ends(enc["offset_mapping"], r["completion"], start=len(r["prompt"]))
         labels = [-100.0] * len(enc["input_ids"])
         for i, y in zip(idx, r[key]):
             labels[i] = float(y)

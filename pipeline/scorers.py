@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from pipeline.rewards import RewardError
-from pipeline.steps import char_to_token_ends, scored_step_ends
+from pipeline.steps import step_token_ends
 
 
 def _forward(model, tokenizer, texts: list[str], batch_size: int, offsets: bool):
@@ -66,8 +66,7 @@ class PrmScorer:
             probs = torch.sigmoid(logits[..., 0])  # (b, T)
             for r in range(probs.shape[0]):
                 i = s + r
-                ends = [len(prompts[i]) + e for e in scored_step_ends(completions[i])]
-                idx = char_to_token_ends(offs[r].tolist(), ends)
+                idx = step_token_ends(offs[r].tolist(), completions[i], start=len(prompts[i]))
                 out.append(probs[r, idx].tolist())
         for i, scores in enumerate(out):
             _refuse_nonfinite("PRM", scores, [completions[i]] * len(scores), sample=i)

@@ -6,11 +6,19 @@ that holds a step's end, so the score has seen the whole step (Math-Shepherd rea
 after each step; the newline plays that tag here without adding a token).
 
 A completion with no newline is one step. A completion that is blank has no steps.
+
+Tokens: `step_token_ends` is the one answer to "which token holds each step's end", for the PRM's input
+when it is scored (`rewards.PrmScorer`) and trained (`reward_model.prm_examples`) and for the policy's own
+completion ids in GRPO (`policy.completion_steps`), so the three cannot disagree. Its character spans come
+from the tokenizer's offset mapping for a tokenized text, and from `token_spans` for generated ids: the ids
+are decoded once and each token's span is measured in that decoded text (never by decoding tokens one by one,
+which drops SentencePiece's leading spaces and turns a character split over byte tokens into U+FFFD).
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Sequence
 
 STEP_SEPARATOR = "\n"
@@ -49,15 +57,6 @@ def step_char_ends(text: str) -> list[int]:
     return [end for _, end in step_spans(text)]
 
 
-def step_prefixes(text: str) -> list[str]:
-    """The prefixes of `text` that end right after each step (its newline included): what MC rollouts continue.
-
-    >>> step_prefixes("a\\nb\\nc")
-    ['a\\n', 'a\\nb\\n', 'a\\nb\\nc']
-    """
-    return [text[: end + 1] for end in step_char_ends(text)]
-
-
 def char_to_token_ends(offsets: Sequence[tuple[int, int]], char_ends: Sequence[int]) -> list[int]:
     """Map step-end characters to the index of the token that holds each of them.
 
@@ -88,7 +87,7 @@ def char_to_token_ends(offsets: Sequence[tuple[int, int]], char_ends: Sequence[i
 
 
 def token_char_ends(token_texts: Sequence[str]) -> list[tuple[int, int]]:
-    """Character spans of decoded tokens laid end to end: offsets for generated ids, which have no mapping.
+    """Character spans of token texts laid end to end (the texts must be exact pieces of one string).
 
     >>> token_char_ends(["ab", "\\n", "c"])
     [(0, 2), (2, 3), (3, 4)]
@@ -98,6 +97,92 @@ def token_char_ends(token_texts: Sequence[str]) -> list[tuple[int, int]]:
         spans.append((pos, pos + len(t)))
         pos += len(t)
     return spans
+
+
+def token_spans(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
+    """Decode generated `ids` once, as TRL decodes a completion (special tokens skipped), with each token's span.
+
+    Token k's span is the text it adds: what `decode(ids[:k+1])` has of the decoded text beyond
+    `decode(ids[:k])` (`prefix_pieces`, the definition). So a token that only starts a multi-byte character
+    adds nothing of it (the token that completes it holds it), and a special token adds nothing. Computed with
+    the tokenizer's streaming decoder (`tokenizers.decoders.DecodeStream`, linear in the length), which holds
+    a chunk back until its bytes are whole: only those held-back tokens are measured by prefix decodes. If the
+    stream's chunks do not join to the decoded text (a slow tokenizer, a decoder that cleans up spaces, a
+    character cut at the end), every token is (exact, quadratic).
+
+    Returns:
+        (text, spans): `spans[k] = (start, end)`, `text[start:end]` the text token k adds; the spans are
+        contiguous and cover `text`.
+    """
+    ids = [int(i) for i in ids]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    chunks = _stream_chunks(tokenizer, ids)
+    if chunks is None or "".join(c or "" for c in chunks) != text:
+        return text, token_char_ends(prefix_pieces(tokenizer, ids, text))
+    spans, done, held = [], 0, []
+    for k, chunk in enumerate(chunks):
+        if chunk is None:
+            held.append(k)
+            continue
+        stop = done + len(chunk)
+        for j in held:  # what each held-back token added, by the definition (rare: split characters)
+            prefix = tokenizer.decode(ids[: j + 1], skip_special_tokens=True)
+            reached = min(stop, max(done, len(os.path.commonprefix([prefix, text]))))
+            spans.append((done, reached))
+            done = reached
+        spans.append((done, stop))
+        done, held = stop, []
+    spans += [(done, done)] * len(held)  # trailing specials (the eos): nothing is left to add
+    return text, spans
+
+
+def _stream_chunks(tokenizer, ids: list[int]) -> list[str | None] | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers.decoders import DecodeStream
+
+    stream = DecodeStream(skip_special_tokens=True)
+    return [stream.step(backend, i) for i in ids]  # None: held back (an incomplete character, a special token)
+
+
+def prefix_pieces(tokenizer, ids: Sequence[int], text: str) -> list[str]:
+    """The text each token adds, by definition: token k adds what `decode(ids[:k+1])` has of `text` beyond
+    `decode(ids[:k])` (the common prefix with the whole decoded `text`, never shrinking).
+
+    The plain reference of `token_spans`: one decode per token.
+    """
+    pieces, done = [], 0
+    for k in range(1, len(ids) + 1):
+        prefix = tokenizer.decode(list(ids[:k]), skip_special_tokens=True)
+        reached = max(done, len(os.path.commonprefix([prefix, text])))
+        pieces.append(text[done:reached])
+        done = reached
+    if pieces:
+        pieces[-1] += text[done:]  # whatever a prefix decode never showed, the whole decode has at its end
+    return pieces
+
+
+def step_token_ends(offsets: Sequence[tuple[int, int]], completion: str, start: int = 0) -> list[int]:
+    """The index of the token that holds each scored step end of `completion` (`scored_step_ends`).
+
+    The one place that maps steps to tokens: PRM scoring, PRM training and GRPO's process advantages all
+    call it, so a PRM reads each step's score on the token it was trained on.
+
+    Args:
+        offsets: (start, end) character span of every token of the sequence, end exclusive (a tokenizer's
+            `offset_mapping`, or `token_spans` for generated ids); empty spans are never chosen.
+        completion: the completion's text.
+        start: where `completion` starts in the text the offsets measure (`len(prompt)` for `prompt +
+            completion`, 0 for a completion on its own).
+
+    Prompt "Q: " and completion "1+1=2\\nA: 2" as the tokens "Q: ", "1+1=2", "\\n", "A: 2": the steps end
+    at the newline (character 8 of the whole text) and at the last character (12).
+
+    >>> step_token_ends([(0, 3), (3, 8), (8, 9), (9, 13)], "1+1=2\\nA: 2", start=3)
+    [2, 3]
+    """
+    return char_to_token_ends(offsets, [start + e for e in scored_step_ends(completion)])
 
 
 def scored_step_ends(text: str) -> list[int]:

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from pipeline.advantages import outcome_advantages, process_advantages
+from pipeline.advantages import advantage_stats, extend_last_step, outcome_advantages, process_advantages
 
 # ---------------------------------------------------------------------------------------------- outcome
 
@@ -85,19 +85,28 @@ def test_outcome_bad_input(rewards, group_size, scale, match):
 # ---------------------------------------------------------------------------------------------- process
 
 
-def process_advantages_loop(step_rewards, step_ends, length, group_size):
-    """Plain-loop reference for `process_advantages`, written straight from DeepSeekMath §4.1.3."""
+def unbiased_std(values):
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def process_advantages_loop(step_rewards, step_ends, length, group_size, scale="group"):
+    """Plain-loop reference for `process_advantages`, written straight from DeepSeekMath §4.1.3 (TRL's
+    scale_rewards carried over: the group's std, the whole batch's, or none)."""
     adv = [[0.0] * length for _ in step_rewards]
+    every = [r for rs in step_rewards for r in rs]
     for start in range(0, len(step_rewards), group_size):
         pooled = [r for rs in step_rewards[start : start + group_size] for r in rs]
         if not pooled:
             continue
         mean = sum(pooled) / len(pooled)
-        std = math.sqrt(sum((r - mean) ** 2 for r in pooled) / (len(pooled) - 1)) if len(pooled) > 1 else 0.0
+        divisor = {"group": unbiased_std(pooled) + 1e-4, "batch": unbiased_std(every) + 1e-4, "none": 1.0}[scale]
         for i in range(start, start + group_size):
             for t in range(length):
                 adv[i][t] = sum(
-                    (r - mean) / (std + 1e-4)
+                    (r - mean) / divisor
                     for r, end in zip(step_rewards[i], step_ends[i])
                     if end >= t
                 )
@@ -127,7 +136,8 @@ def test_process_worked_example():
     torch.testing.assert_close(adv[2], expected_3, atol=1e-3, rtol=0)
 
 
-def test_process_matches_loop_reference_on_random_inputs():
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_process_matches_loop_reference_on_random_inputs(scale):
     rng = random.Random(0)
     for _ in range(50):
         group_size = rng.randint(1, 4)
@@ -138,8 +148,8 @@ def test_process_matches_loop_reference_on_random_inputs():
             k = rng.randint(0, min(5, length))
             step_ends.append(sorted(rng.sample(range(length), k)))
             step_rewards.append([rng.choice([0.0, 1.0, rng.random()]) for _ in range(k)])
-        fast = process_advantages(step_rewards, step_ends, length, group_size)
-        slow = process_advantages_loop(step_rewards, step_ends, length, group_size)
+        fast = process_advantages(step_rewards, step_ends, length, group_size, scale)
+        slow = process_advantages_loop(step_rewards, step_ends, length, group_size, scale)
         torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-5)
 
 
@@ -176,6 +186,59 @@ def test_process_equal_rewards_give_zero():
     adv = process_advantages([[0.7, 0.7], [0.7]], [[0, 2], [1]], length=4, group_size=2)
     torch.testing.assert_close(adv, torch.zeros(2, 4), atol=1e-9, rtol=0)
     assert torch.equal(process_advantages([[1.0, 1.0], [1.0]], [[0, 2], [1]], 4, 2), torch.zeros(2, 4))
+
+
+def test_process_scale_rewards_worked_example():
+    # Two groups: [[0, 1], [1]] (mean 2/3) and [[10, 13], [13]] (mean 12), steps ending at tokens 1, 3 and 2.
+    rewards, ends = [[0.0, 1.0], [1.0], [10.0, 13.0], [13.0]], [[1, 3], [2], [1, 3], [2]]
+    # "none" only centres: group 1 normalised [-0.667, 0.333], [0.333]; group 2 [-2, 1], [1].
+    none = process_advantages(rewards, ends, 4, 2, scale="none")
+    torch.testing.assert_close(none[0], torch.tensor([-1 / 3, -1 / 3, 1 / 3, 1 / 3]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(none[2], torch.tensor([-1.0, -1.0, 1.0, 1.0]), atol=1e-6, rtol=0)
+    # "batch" divides by the std of all six steps [0, 1, 1, 10, 13, 13] (mean 6.333, squared deviations
+    # summing to 199.33, / 5 -> 6.3140), so group 1 nearly vanishes and group 2 keeps its larger spread:
+    # row 2, token 0: (-2 + 1) / 6.3141 = -0.1584.
+    batch = process_advantages(rewards, ends, 4, 2, scale="batch")
+    assert unbiased_std([0, 1, 1, 10, 13, 13]) == pytest.approx(6.3140, abs=1e-4)
+    torch.testing.assert_close(batch, none / (6.3140 + 1e-4), atol=1e-5, rtol=0)
+    assert batch[2, 0].item() == pytest.approx(-0.1584, abs=1e-4)
+    # "group" (TRL's default) removes each group's scale: the two groups match row for row.
+    group = process_advantages(rewards, ends, 4, 2)
+    torch.testing.assert_close(group[:2], group[2:], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="scale must be one of"):
+        process_advantages(rewards, ends, 4, 2, scale="sequence")
+
+
+def test_extend_last_step_worked_example():
+    # REFERENCE.md's output 1 in a completion of 13 tokens (eos at 12): the last step (ending at 11) now
+    # ends on the eos. Output 2 ends its last step on its eos already; output 3 was masked (length 0).
+    ends = extend_last_step([[2, 5, 8, 11], [3, 7], []], [13, 8, 0])
+    assert ends == [[2, 5, 8, 12], [3, 7], []]
+    adv = process_advantages([[0.5, 1.0, 1.0, 1.0], [0.5, 0.0], []], ends, length=13, group_size=3)
+    # Pooled steps [0.5, 1, 1, 1, 0.5, 0] (mean 0.6667, std 0.4083): the last step's 1 -> 0.8163, and the
+    # eos (token 12) carries it like the step's own tokens 9-11; the tokens before are as without the eos.
+    assert adv[0, 9:].tolist() == pytest.approx([0.8163] * 4, abs=1e-4)
+    before = process_advantages([[0.5, 1.0, 1.0, 1.0], [0.5, 0.0], []], [[2, 5, 8, 11], [3, 7], []], 13, 3)
+    torch.testing.assert_close(adv[:, :12], before[:, :12])
+    assert before[0, 12].item() == 0.0  # without it the eos got nothing
+    torch.testing.assert_close(adv[1], before[1])
+
+
+def test_extend_last_step_bad_input():
+    with pytest.raises(ValueError, match="1 completions but lengths has 2"):
+        extend_last_step([[0]], [1, 2])
+    with pytest.raises(ValueError, match="completion 0: step end 4 is not inside its 4 tokens"):
+        extend_last_step([[1, 4]], [4])
+
+
+def test_advantage_stats_counts_only_tokens_in_the_loss():
+    adv = torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0], [7.0, 7.0, 7.0]])
+    # Row 0: its first two tokens; row 1: one; row 2 is masked (length 0). Used: [1, 2, 3].
+    assert advantage_stats(adv, [2, 1, 0]) == {"mean": 2.0, "std": 1.0, "min": 1.0, "max": 3.0}
+    # One advantage per completion (rft): every token of the completion counts, so longer ones weigh more.
+    stats = advantage_stats(torch.tensor([1.0, 0.0]), [3, 1])
+    assert stats["mean"] == pytest.approx(0.75) and stats["std"] == pytest.approx(0.5)
+    assert all(math.isnan(v) for v in advantage_stats(adv, [0, 0, 0]).values())
 
 
 def test_process_single_step_group_has_std_zero():

@@ -1,7 +1,8 @@
 """Collection: Math-Shepherd MC step labels (exhaustive and first-error search), agreement, prompt draws.
 
 The completer (the policy in the pipeline) is replaced by deterministic functions whose outcome is known,
-so every HE/SE label and every rollout count below can be worked out by hand.
+so every HE/SE label and every rollout count below can be worked out by hand. Completions are given as the
+char tokenizer's ids, as the policy samples them; the completers read the prefixes' ids back as text.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 
 import pytest
 
+from models import char_tokenizer
 from pipeline.collect import (
     Labels,
     agreement,
@@ -19,6 +21,7 @@ from pipeline.collect import (
     label_first_error,
     make_request,
 )
+from pipeline.generation import Continuation
 from pipeline.problems import EmbeddedArithmetic, Problem
 from pipeline.problems.arithmetic import format_prompt, format_solution
 from pipeline.replay import write_shard
@@ -36,6 +39,17 @@ P3 = Problem("p3", format_prompt(7, OPS3), "32", format_solution(7, OPS3))
 OPS8 = [("+", 1)] * 8
 P8 = Problem("p8", format_prompt(3, OPS8), "11", format_solution(3, OPS8))
 PROBLEMS = [P3, P8]
+TOK = char_tokenizer()
+
+
+def request(problem: Problem, completion: str):
+    """The label request of `completion` sampled as the char tokenizer's ids."""
+    return make_request(ARITH, problem, TOK, TOK(completion).input_ids)
+
+
+def read(c: Continuation) -> str:
+    """The text a rollout continues: the prompt and the completion's prefix, from their ids."""
+    return TOK.decode(list(c.prompt_ids)) + TOK.decode(list(c.completion_ids))
 
 
 def split_text(text: str) -> tuple[Problem, str]:
@@ -65,27 +79,27 @@ class Oracle:
     def __init__(self):
         self.calls, self.texts = 0, []
 
-    def __call__(self, texts: list[str], n: int) -> list[list[str]]:
+    def __call__(self, prefixes: list[Continuation], n: int) -> list[list[str]]:
         self.calls += 1
-        self.texts += texts
+        self.texts += [read(c) for c in prefixes]
         out = []
-        for text in texts:
-            problem, prefix = split_text(text)
+        for c in prefixes:
+            problem, prefix = split_text(read(c))
             good = chain_correct(problem, prefix)
-            out.append([gold_rest(problem, prefix) if good else "Answer: 0"] * n)
+            out.append([prefix + (gold_rest(problem, prefix) if good else "Answer: 0")] * n)  # whole completions
         return out
 
 
 def k_of_n(k_by_depth: dict[int, int]):
     """A stochastic-looking completer: from a prefix of d steps, k_by_depth[d] of the n rollouts are right."""
 
-    def completer(texts: list[str], n: int) -> list[list[str]]:
+    def completer(prefixes: list[Continuation], n: int) -> list[list[str]]:
         out = []
-        for text in texts:
-            problem, prefix = split_text(text)
+        for c in prefixes:
+            problem, prefix = split_text(read(c))
             k = k_by_depth[len(split_steps(prefix))]
             right = gold_rest(problem, prefix)
-            out.append([right] * k + ["Answer: 0"] * (n - k))
+            out.append([prefix + right] * k + [prefix + "Answer: 0"] * (n - k))
         return out
 
     return completer
@@ -108,12 +122,12 @@ def wrong_from(step: int, problem: Problem = P8, answer: str | None = None) -> s
 
 
 def test_make_request_settles_prefixes_that_state_an_answer():
-    req = make_request(ARITH, P3, "7+5=12\nAnswer: 12\n12*3=36")
+    req = request(P3, "7+5=12\nAnswer: 12\n12*3=36")
     assert req.prefixes == ["7+5=12\n", "7+5=12\nAnswer: 12\n", "7+5=12\nAnswer: 12\n12*3=36"]
     # No answer yet -> None (needs rollouts); "Answer: 12" is wrong (gold 32), and still the last one stated
     # in the third prefix, so both later prefixes are settled False.
     assert req.settled == [None, False, False]
-    assert make_request(ARITH, P3, P3.solution).settled == [None, None, None, True]
+    assert request(P3, P3.solution).settled == [None, None, None, True]
 
 
 # --- exhaustive ----------------------------------------------------------------------------------------
@@ -127,7 +141,7 @@ def test_exhaustive_with_an_oracle_completer():
         "",  # blank: no steps
         "7+5=12\n12*3=36",  # truncated: the last prefix has no answer and no newline
     ]
-    reqs = [make_request(ARITH, P3, c) for c in completions]
+    reqs = [request(P3, c) for c in completions]
     oracle = Oracle()
     labels = label_exhaustive(ARITH, oracle, reqs, N)
 
@@ -152,7 +166,7 @@ def test_exhaustive_with_an_oracle_completer():
 def test_exhaustive_soft_labels_are_fractions():
     # From 1 step 3 of 4 rollouts are right, from 2 steps 1 of 4, from 3 steps none.
     completer = k_of_n({1: 3, 2: 1, 3: 0})
-    labels = label_exhaustive(ARITH, completer, [make_request(ARITH, P3, P3.solution)], N)[0]
+    labels = label_exhaustive(ARITH, completer, [request(P3, P3.solution)], N)[0]
     # SE = k/N; HE = 1 iff any rollout is right; the Answer line is settled by the verifier (right: 1).
     assert labels.se == [0.75, 0.25, 0.0, 1.0]
     assert labels.he == [1, 1, 0, 1]
@@ -167,7 +181,7 @@ def test_first_error_matches_exhaustive_when_monotone(error_at):
     # 8 operation lines + an Answer line = 9 prefixes; lines from `error_at` on are wrong (error_at = 8:
     # all operations right but a wrong final answer).
     completion = wrong_from(error_at) if error_at < 8 else wrong_from(8, answer="12")
-    req = make_request(ARITH, P8, completion)
+    req = request(P8, completion)
     assert len(req.prefixes) == 9
     exhaustive = label_exhaustive(ARITH, Oracle(), [req], N)[0]
     search = label_first_error(ARITH, Oracle(), [req], N)[0]
@@ -185,7 +199,7 @@ def test_first_error_probe_count_worked_example():
     # Error at line 5 (prefix index 5): search over [0, 9]: probe 4 (reachable -> lo 5), probe 7 (no -> hi 7),
     # probe 6 (no -> hi 6), probe 5 (no -> hi 5): 4 probes, all unsettled operation prefixes.
     oracle = Oracle()
-    req = make_request(ARITH, P8, wrong_from(5))
+    req = request(P8, wrong_from(5))
     labels = label_first_error(ARITH, oracle, [req], N)[0]
     assert labels.he == [1, 1, 1, 1, 1, 0, 0, 0, 0]
     assert labels.rollouts == 4 * N
@@ -194,14 +208,14 @@ def test_first_error_probe_count_worked_example():
 
 def test_first_error_right_answer_needs_no_rollouts():
     oracle = Oracle()
-    labels = label_first_error(ARITH, oracle, [make_request(ARITH, P8, P8.solution)], N)[0]
+    labels = label_first_error(ARITH, oracle, [request(P8, P8.solution)], N)[0]
     # The completion itself reaches the gold answer, so every prefix is reachable: nothing to probe.
     assert labels.he == [1] * 9 and labels.rollouts == 0 and oracle.calls == 0
     assert labels.se == [1.0] * 9
 
 
 def test_first_error_batches_requests_per_level():
-    reqs = [make_request(ARITH, P8, wrong_from(e)) for e in (0, 3, 7)] + [make_request(ARITH, P8, "")]
+    reqs = [request(P8, wrong_from(e)) for e in (0, 3, 7)] + [request(P8, "")]
     oracle = Oracle()
     labels = label_first_error(ARITH, oracle, reqs, N)
     assert [lab.he for lab in labels] == [[1] * e + [0] * (9 - e) for e in (0, 3, 7)] + [[]]
@@ -215,7 +229,7 @@ def test_first_error_soft_labels_where_probed():
     # P3 with the last operation wrong: "7+5=12\n" (1 step), "...12*3=36\n" (2), "...36-4=33\n" (3),
     # "...Answer: 33" (settled wrong). From 1 or 2 steps 3 of 4 rollouts are right, from 3 steps none.
     completion = P3.solution.replace("36-4=32", "36-4=33").replace("Answer: 32", "Answer: 33")
-    labels = label_first_error(ARITH, k_of_n({1: 3, 2: 3, 3: 0}), [make_request(ARITH, P3, completion)], N)[0]
+    labels = label_first_error(ARITH, k_of_n({1: 3, 2: 3, 3: 0}), [request(P3, completion)], N)[0]
     # Search over [0, 4]: probe 2 (3 steps, 0/4 -> hi 2), probe 1 (2 steps, 3/4 -> lo 2): first error at 2.
     assert labels.he == [1, 1, 0, 0]
     # SE: measured where probed (0.75 at 1, 0.0 at 2), HE elsewhere (prefix 0 was never rolled out).
@@ -230,7 +244,7 @@ def test_first_error_soft_labels_on_unprobed_steps_are_imputed_hard_ones():
     # prefix 7); from d steps, 3 of 4 rollouts are right for d <= 7, none after.
     completion = wrong_from(7)
     completer = k_of_n({d: 3 if d <= 7 else 0 for d in range(1, 9)})
-    req = make_request(ARITH, P8, completion)
+    req = request(P8, completion)
     exhaustive = label_exhaustive(ARITH, completer, [req], N)[0]
     search = label_first_error(ARITH, completer, [req], N)[0]
     # Measured everywhere: 0.75 on the 7 reachable operation prefixes, 0 on the wrong one and the Answer line.
@@ -266,7 +280,7 @@ def test_agreement():
 
 def test_exhaustive_labels_agree_with_gold_on_carried_slips():
     completions = [P3.solution, "7+5=12\n12*3=35\n35-4=31\nAnswer: 31", "7+5=13\n13*3=39\n39-4=35\nAnswer: 35"]
-    reqs = [make_request(ARITH, P3, c) for c in completions]
+    reqs = [request(P3, c) for c in completions]
     he = [lab.he for lab in label_exhaustive(ARITH, Oracle(), reqs, N)]
     gold = [ARITH.gold_step_labels(c, P3) for c in completions]
     assert agreement(he, gold) == 1.0

@@ -223,6 +223,23 @@ def test_an_old_run_directorys_config_reads_as_todays_defaults():
     assert resumed_config_diff(stored, now) == []
 
 
+def test_trl_options_a_mode_would_ignore_are_refused_with_the_reason():
+    # rft's advantage is the verifier's 0/1 reward itself: TRL's scale_rewards has nothing to scale.
+    message = error_of({"supervision": {"mode": "rft"}, "grpo": {"scale_rewards": "none"}})
+    assert message.startswith("grpo.scale_rewards: not used in rft mode") and "no group baseline" in message
+    # Process and rft advantages do not come from TRL's combination of reward functions.
+    for mode in ("process", "rft"):
+        message = error_of({"supervision": {"mode": mode}, "grpo": {"multi_objective_aggregation": "normalize_then_sum"}})
+        assert message.startswith("grpo.multi_objective_aggregation: not used in process or rft mode")
+    # The pipeline sets TRL's reward weights itself, in every mode: the supervision weights are the knob.
+    message = error_of({"supervision": {"mode": "outcome"}, "grpo": {"reward_weights": [1.0]}})
+    assert message.startswith("grpo.reward_weights: set by the pipeline") and "supervision.verifier_weight" in message
+    # Honoured, so accepted: scale_rewards in outcome and process mode (process mode scales its steps by it).
+    for mode in ("outcome", "process"):
+        cfg = config_from_dict({"supervision": {"mode": mode}, "grpo": {"scale_rewards": "batch"}}, check_trl=False)
+        assert cfg.grpo["scale_rewards"] == "batch"
+
+
 def test_run_name_that_is_safe_is_kept():
     cfg = config_from_dict({"run": {"name": "quickstart-s1.v2_b"}}, check_trl=False)
     assert cfg.run_dir == Path("runs") / "quickstart-s1.v2_b"

@@ -212,8 +212,11 @@ def test_collected_shard_holds_the_rendered_prompt_and_rollouts_continue_it(tmp_
     assert rows and all(r["prompt"] == renderer.render(by_id[r["prompt_id"]]) for r in rows)
     rendered = {r["prompt"] for r in rows}
     assert all(r["prompt"].startswith("user: ") and r["prompt"].endswith("assistant:\n") for r in rows)
-    # Every generation call (the samples, then the rollouts from step prefixes) starts with a rendered prompt.
-    assert len(inputs) > len(rendered) and all(any(t.startswith(q) for q in rendered) for t in inputs)
+    # Every generation call (the samples as text, then the rollouts from the policy's own ids of prompt and
+    # step prefix) starts with a rendered prompt.
+    texts = [t if isinstance(t, str) else tok.decode(list(t.prompt_ids) + list(t.completion_ids)) for t in inputs]
+    assert len(texts) > len(rendered) and all(any(t.startswith(q) for q in rendered) for t in texts)
+    assert any(not isinstance(t, str) for t in inputs)  # the rollouts did run
 
 
 def test_a_dataset_without_prompt_text_is_read_as_trl_renders_it():

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from models import load_reward_model, reward_model_from_policy, save_model
-from pipeline.policy import completion_step_ends, dedupe_steps
+from models import char_tokenizer, load_reward_model, reward_model_from_policy, save_model
+from pipeline.policy import completion_steps, dedupe_steps
 from pipeline.problems import EmbeddedArithmetic
 from pipeline.rewards import (
     REWARD_FUNCS,
@@ -27,7 +27,6 @@ from pipeline.steps import (
     scored_step_ends,
     split_steps,
     step_char_ends,
-    step_prefixes,
     step_spans,
     token_char_ends,
 )
@@ -57,16 +56,12 @@ def test_step_spans_edge_cases():
     assert step_spans(" \nx") == [(2, 2)]  # a whitespace-only line is blank
 
 
-def test_step_ends_and_prefixes_agree():
+def test_step_char_ends():
     text = "7+5=12\n\n12*3=36\nAnswer: 36"
     assert split_steps(text) == ["7+5=12", "12*3=36", "Answer: 36"]
     # Ends: the newline at 6 (the blank line at 7 is skipped), the newline at 15, the last character 25.
     assert step_char_ends(text) == [6, 15, 25]
-    assert step_prefixes(text) == ["7+5=12\n", "7+5=12\n\n12*3=36\n", text]
-    # Every prefix ends on its step's end character, and the last prefix is the whole text.
-    for prefix, end in zip(step_prefixes(text), step_char_ends(text)):
-        assert len(prefix) == end + 1
-    assert step_prefixes("") == []
+    assert step_char_ends("") == []
 
 
 def test_scored_step_ends_always_gives_one():
@@ -93,19 +88,20 @@ def test_char_to_token_ends_skips_special_tokens():
         char_to_token_ends([(0, 0)], [0])
 
 
-def test_completion_step_ends_and_dedupe():
-    # One char per token: ends are the character ends.
-    assert completion_step_ends(list("1=1\nA\n")) == [3, 5]
-    # Multi-char tokens: "12" "+3=15\n" "Answer: 15" -> the first newline (char 7) is in token 1.
-    assert completion_step_ends(["12", "+3=15\n", "Answer: 15"]) == [1, 2]
-    # Two steps ending in one token "a\nb\n": the token repeats, and dedupe keeps the later step's score.
-    ends = completion_step_ends(["a\nb\n", "c"])
-    assert ends == [0, 0, 1]
-    assert dedupe_steps([0.2, 0.7, 0.4], ends) == ([0.7, 0.4], [0, 1])
+def test_completion_steps_and_dedupe():
+    tok = char_tokenizer()
+    ids = lambda text: tok(text).input_ids  # noqa: E731
+    # One char per token: ends are the character ends; the eos is counted in the length, not a step.
+    assert completion_steps(tok, ids("1=1\nA\n") + [tok.eos_token_id], 7).ends == [3, 5]
+    # Padding after the length is not read.
+    assert completion_steps(tok, ids("12\n3") + [tok.pad_token_id] * 3, 4).ends == [2, 3]
+    # Two steps ending in one token: the token repeats, and dedupe keeps the later step's score.
+    assert dedupe_steps([0.2, 0.7, 0.4], [0, 0, 1]) == ([0.7, 0.4], [0, 1])
     # Blank completions are one step at their last token (so even an empty answer is judged).
-    assert completion_step_ends([""]) == [0]
-    assert completion_step_ends([" ", "\n"]) == [1]
-    assert completion_step_ends([]) == [0]
+    assert completion_steps(tok, [tok.eos_token_id], 1).ends == [0]
+    assert completion_steps(tok, ids(" \n") + [tok.eos_token_id], 3).ends == [1]
+    # A masked completion (length 0) has no steps and no text.
+    assert completion_steps(tok, ids("1=1\n"), 0).ends == []
 
 
 # --- reward functions ---------------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""Process-mode GRPO on the real trainer, on any tokenizer (issue 15, points 2-5).
+
+TRL's rollout hook (`rollout_func`) hands `ProcessGRPOTrainer` designed completions, so every advantage
+can be worked out by a plain loop (`tests/tokenizer_cases.py`): step ends on the policy's own tokens for the
+char tokenizer, SmolLM2's byte-level BPE and a SentencePiece-style one (point 2), a truncated completion
+masked by `mask_truncated_completions` out of its group (3), the eos credited (4), `scale_rewards`
+honoured and the advantages used logged (5).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import pytest
+import torch
+
+from pipeline.scorers import PrmScorer
+from pipeline.steps import scored_step_ends
+from tests.tokenizer_cases import (
+    KINDS,
+    PROMPT,
+    TEXTS,
+    encode,
+    id_variants,
+    policy_and_prm,
+    reference_pieces,
+    reference_prm_positions,
+    reference_token_of,
+    tokenizer_of,
+)
+
+PROMPT_B = "Q: How many clips?\n"
+# Group A: four finished completions (eos appended). Group B: three identical finished ones and one that
+# was cut (no eos): with mask_truncated_completions TRL zeroes its mask.
+GROUP_A = TEXTS
+GROUP_B = ["Answer: 72"] * 3 + ["Answer: 7"]
+SCALE = {"char": "none", "bpe": "group", "metaspace": "batch"}  # each scale_rewards once, over the kinds
+
+
+def rollout_ids(tok) -> list[list[int]]:
+    rows = [ids for text in GROUP_A for ids in [id_variants(tok, text)[-1]]]
+    rows += [encode(tok, t) + [tok.eos_token_id] for t in GROUP_B[:3]] + [encode(tok, GROUP_B[3])]
+    return rows
+
+
+def reference_steps(tok, prm, prompt: str, row: list[int]) -> list[tuple[int, float]]:
+    """(end token, PRM score) of each step of a finished completion, by plain loops: steps ending on one
+    token keep the last one's score; the last step runs to the eos."""
+    text, pieces = reference_pieces(tok, row)
+    ends = [reference_token_of(pieces, c) for c in scored_step_ends(text)] if text else [len(row) - 1]
+    input_ids, positions = reference_prm_positions(tok, prompt, text)
+    with torch.inference_mode():
+        probs = torch.sigmoid(prm(torch.tensor([input_ids])).logits[0, :, 0]).tolist()
+    by_end = {}
+    for e, p in zip(ends, positions):
+        by_end[e] = probs[p]
+    out = list(by_end.items())
+    out[-1] = (len(row) - 1, out[-1][1])
+    return out
+
+
+def reference_advantages(tok, prm, rows: list[list[int]], scale: str) -> list[list[float]]:
+    """Normalised per group (or batch) and summed over the steps ending at or after each token; a cut
+    (masked) completion has no steps."""
+    prompts = [PROMPT] * 4 + [PROMPT_B] * 4
+    steps = [reference_steps(tok, prm, p, row) if row[-1] == tok.eos_token_id else [] for p, row in zip(prompts, rows)]
+    every = [s for row in steps for _, s in row]
+    width = max(map(len, rows))
+    out = []
+    for i, row in enumerate(steps):
+        group = [s for r in steps[4 * (i // 4) : 4 * (i // 4) + 4] for _, s in r]
+        mean = statistics.fmean(group)
+        std = {"group": statistics.stdev(group), "batch": statistics.stdev(every), "none": None}[scale]
+        norm = [(e, s - mean if std is None else (s - mean) / (std + 1e-4)) for e, s in row]
+        out.append([sum(r for e, r in norm if e >= t) for t in range(width)])
+    return out
+
+
+def run_grpo(tok, policy_dir, out_dir, rows, supervision: str, scorer=None, scale: str | None = None):
+    """One real GRPO step of `ProcessGRPOTrainer` on the designed completions `rows` (TRL's rollout hook).
+
+    Returns what the loss saw (in `rows`' order: TRL shuffles the batch), the trainer's logs, and the
+    completions TRL decoded for the reward function, which gives 1 to a completion containing "72".
+    """
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from pipeline.policy import ProcessGRPOTrainer
+
+    def rollout(prompts, trainer):
+        assert prompts == [PROMPT] * 4 + [PROMPT_B] * 4, prompts
+        return {"prompt_ids": [tok(p).input_ids for p in prompts], "completion_ids": rows, "logprobs": None}
+
+    decoded, seen = [], []
+
+    def reward(completions, **kwargs):  # records the texts TRL decoded for the reward functions
+        decoded.extend(completions)
+        return [float("72" in c) for c in completions]
+
+    extra = {} if scale is None else {"scale_rewards": scale}
+    args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=8, num_generations=4, max_steps=1,
+                      max_completion_length=128, learning_rate=1e-6, logging_steps=1, report_to="none",
+                      use_cpu=True, bf16=False, save_strategy="no", shuffle_dataset=False,
+                      mask_truncated_completions=True, **extra)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = ProcessGRPOTrainer(
+        model=str(policy_dir), reward_funcs=[reward], args=args,
+        train_dataset=Dataset.from_list([{"prompt": PROMPT}, {"prompt": PROMPT_B}]),
+        processing_class=tok, prm_scorer=scorer, supervision=supervision, rollout_func=rollout,
+    )
+    original = trainer._compute_loss
+
+    def spy(model, inputs):
+        seen.append({k: inputs[k].detach().clone() for k in ("advantages", "completion_ids", "completion_mask")})
+        return original(model, inputs)
+
+    trainer._compute_loss = spy
+    trainer.train()
+    (inputs,) = seen
+    order = rollout_order(inputs["completion_ids"], rows, tok.pad_token_id)
+    return {"advantages": inputs["advantages"][order], "mask": inputs["completion_mask"][order],
+            "logs": trainer.state.log_history, "decoded": decoded, "table": list(trainer._logs["advantages"])}
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def grpo_run(request, tmp_path_factory):
+    """One real process-mode GRPO step on the designed completions, per tokenizer: what the loss saw, the logs."""
+    from models import load_reward_model
+
+    kind, tok = request.param, tokenizer_of(request.param)
+    prm_dir = policy_and_prm(tok, tmp_path_factory.mktemp("prm"))
+    prm, prm_tok, _ = load_reward_model(prm_dir / "prm", expect="prm")
+    scorer, scored = PrmScorer(prm, prm_tok), []
+    step_scores = scorer.step_scores
+
+    def recording(prompts, completions):  # a spy: the PRM scores as it would, the texts are kept
+        scored.extend(completions)
+        return step_scores(prompts, completions)
+
+    scorer.step_scores = recording
+    rows = rollout_ids(tok)
+    run = run_grpo(tok, prm_dir / "policy", tmp_path_factory.mktemp("grpo"), rows, "process", scorer, SCALE[kind])
+    return {**run, "tok": tok, "rows": rows, "prm": prm, "scale": SCALE[kind], "scored": scored}
+
+
+def rollout_order(ids, rows: list[list[int]], pad: int) -> list[int]:
+    """For each rollout row, the batch row holding it (its ids, then only padding)."""
+    order = []
+    for row in rows:
+        hits = [i for i in range(ids.shape[0]) if ids[i, : len(row)].tolist() == row
+                and bool((ids[i, len(row) :] == pad).all()) and i not in order]
+        order.append(hits[0])
+    return order
+
+
+def test_grpo_prm_scores_the_text_trl_decoded(grpo_run):
+    """Point 2: the PRM reads the completion TRL decoded (and the verifier judged), spaces and emoji intact."""
+    tok = grpo_run["tok"]
+    rows = grpo_run["rows"]
+    assert grpo_run["decoded"] == [tok.decode(r, skip_special_tokens=True) for r in rows]
+    # Every finished completion, once; the masked one (row 7) is not scored at all.
+    assert sorted(grpo_run["scored"]) == sorted(grpo_run["decoded"][:7])
+
+
+def test_grpo_advantages_equal_the_plain_loop_on_the_policys_tokens(grpo_run):
+    """Points 2, 4, 5: step ends on the policy's own tokens, the eos credited, scale_rewards honoured."""
+    tok = grpo_run["tok"]
+    adv = grpo_run["advantages"]  # (B, T)
+    want = reference_advantages(tok, grpo_run["prm"], grpo_run["rows"], grpo_run["scale"])
+    assert adv.shape == (8, len(want[0]))
+    assert adv.tolist() == [pytest.approx(w, abs=1e-5) for w in want]
+
+
+def test_grpo_eos_carries_the_last_steps_reward(grpo_run):
+    tok = grpo_run["tok"]
+    adv, rows = grpo_run["advantages"], grpo_run["rows"]
+    for i in range(4):  # group A: finished, varied, so the group has spread
+        text, pieces = reference_pieces(tok, rows[i])
+        last = reference_token_of(pieces, scored_step_ends(text)[-1])
+        eos = len(rows[i]) - 1
+        assert adv[i, eos].item() != 0.0
+        # From the last step's end to the eos, every token carries the last step's normalised reward.
+        assert adv[i, last : eos + 1].tolist() == pytest.approx([adv[i, eos].item()] * (eos + 1 - last), abs=1e-6)
+
+
+def test_grpo_masked_truncated_completion_has_no_steps_and_leaves_the_group_alone(grpo_run):
+    """Point 3: three identically scored finished completions and one cut, masked one: all advantages 0."""
+    assert grpo_run["mask"][7].sum().item() == 0  # TRL masked the cut completion
+    adv = grpo_run["advantages"][4:]  # group B
+    # The three finished ones read one identical step each: with the masked one out, the group has no spread.
+    assert adv.abs().max().item() == 0.0
+
+
+def test_grpo_logs_the_advantages_it_used(grpo_run):
+    tok = grpo_run["tok"]
+    adv, mask = grpo_run["advantages"], grpo_run["mask"].bool()
+    used = adv[mask].double()
+    logged = next(h for h in grpo_run["logs"] if "process/advantage_mean" in h)
+    assert logged["process/advantage_mean"] == pytest.approx(used.mean().item(), abs=1e-5)
+    assert logged["process/advantage_std"] == pytest.approx(used.std().item(), abs=1e-5)
+    assert logged["process/advantage_min"] == pytest.approx(used.min().item(), abs=1e-5)
+    assert logged["process/advantage_max"] == pytest.approx(used.max().item(), abs=1e-5)
+    # TRL's completions table (log_completions) shows each completion's first-token advantage, not the verifier's.
+    assert grpo_run["table"] == pytest.approx(adv[:, 0].tolist(), abs=1e-6)
+    # Seven completions with steps: 4 in group A, 3 in group B (the masked one is left out).
+    prompts = [PROMPT] * 4 + [PROMPT_B] * 3
+    counts = [len(reference_steps(tok, grpo_run["prm"], p, r)) for p, r in zip(prompts, grpo_run["rows"])]
+    assert logged["process/steps_per_completion"] == pytest.approx(sum(counts) / 7, abs=1e-6)
+
+
+
+
+def test_rft_logs_the_advantages_it_used(tmp_path):
+    """Point 5 in rft mode: TRL logs the verifier's group-normalised advantages; the 0/1 used are logged."""
+    tok = tokenizer_of("char")
+    rows = rollout_ids(tok)
+    run = run_grpo(tok, policy_and_prm(tok, tmp_path) / "policy", tmp_path / "grpo", rows, "rft")
+    adv, mask = run["advantages"], run["mask"]
+    # Per completion, the verifier's 0/1 ("72" in it): rows 0, 4, 5, 6 (and the cut row 7 has "7" only).
+    assert adv.tolist() == [float("72" in tok.decode(r, skip_special_tokens=True)) for r in rows]
+    lengths = mask.sum(1)
+    used = torch.repeat_interleave(adv.double(), lengths)  # every token in the loss carries its row's 0/1
+    logged = next(h for h in run["logs"] if "rft/advantage_mean" in h)
+    assert logged["rft/advantage_mean"] == pytest.approx(used.mean().item(), abs=1e-6)
+    assert logged["rft/advantage_std"] == pytest.approx(used.std().item(), abs=1e-6)
+    assert (logged["rft/advantage_min"], logged["rft/advantage_max"]) == (0.0, 1.0)
+    assert run["table"] == adv.tolist()  # TRL's completions table: the 0/1 used, not group-normalised
