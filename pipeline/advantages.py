@@ -7,7 +7,7 @@ outcome advantages computed here equal the ones `GRPOTrainer` computes itself:
 * `1e-4` is added to the std before dividing, so a group whose rewards are all equal gets zero advantages
   instead of `0 / 0`.
 
-Worked example (REFERENCE.md, rewards [1, 0, 1]): mean 0.667, unbiased std 0.577, advantages
+Worked example (DeepSeekMath §4.1.2 outcome supervision, rewards [1, 0, 1]): mean 0.667, unbiased std 0.577, advantages
 [0.577, -1.155, 0.577] (the population std 0.471 would give [0.707, -1.414, 0.707]).
 
 Everything here is a pure function of tensors, lists and numbers; batches are laid out as TRL lays them out,
@@ -161,7 +161,7 @@ def process_advantages(
 
     so the first tokens carry the whole solution's signal and the tokens after the last step end get 0
     (GRPO first moves the last step's end onto the eos, `extend_last_step`).
-    Worked example (REFERENCE.md): group steps [0.5, 1, 1, 1], [0.5, 0], [1] -> mean 0.714, std 0.393,
+    Worked example (DeepSeekMath §4.1.3 process supervision): group steps [0.5, 1, 1, 1], [0.5, 0], [1] -> mean 0.714, std 0.393,
     output 1 normalised [-0.545, 0.726, 0.726, 0.726], its tokens get 1.634, 2.179, 1.453, 0.726 by step.
 
     Args:
@@ -228,7 +228,7 @@ def extend_last_step(step_ends: Sequence[Sequence[int]], lengths: Sequence[int])
     is on every token, eos included).
 
     Worked example: a completion of 13 tokens (eos at 12) whose steps end at tokens [2, 5, 8, 10] gets
-    [2, 5, 8, 12]; with REFERENCE.md's output 1 (normalised [-0.545, 0.726, 0.726, 0.726]) tokens 11 and
+    [2, 5, 8, 12]; with the worked example's output 1 (normalised [-0.545, 0.726, 0.726, 0.726]) tokens 11 and
     12 get 0.726 instead of 0. A completion with no steps (masked, `lengths` 0) stays without steps.
 
     Args:

@@ -1,4 +1,4 @@
-"""Outcome and process advantages: worked examples from REFERENCE.md, a plain-loop reference, invariants."""
+"""Outcome and process advantages: worked examples (DeepSeekMath §4.1.2-4.1.3), a plain-loop reference, invariants."""
 
 from __future__ import annotations
 
@@ -120,10 +120,10 @@ WORKED_ENDS = [[2, 5, 8, 11], [3, 7], [4]]
 def test_process_worked_example():
     # Seven steps pooled: [0.5, 1, 1, 1, 0.5, 0, 1], mean 5/7 = 0.7143; squared deviations
     # 2 * 0.2143^2 + 4 * 0.2857^2 + 0.7143^2 = 0.9286, / 6 -> unbiased std 0.3934 (+1e-4 -> 0.3935).
-    # Normalised: 0.5 -> -0.5446, 1 -> 0.7261, 0 -> -1.8152 (REFERENCE.md rounds to -0.545, 0.726, -1.816).
+    # Normalised: 0.5 -> -0.5446, 1 -> 0.7261, 0 -> -1.8152 (the worked example rounds to -0.545, 0.726, -1.816).
     # Output 1 (steps end at tokens 2, 5, 8, 11): tokens 0-2 get the sum of all four steps
     # -0.5446 + 3 * 0.7261 = 1.6337; tokens 3-5 the last three, 2.1783; tokens 6-8 the last two, 1.4522;
-    # tokens 9-11 the last step alone, 0.7261 (REFERENCE.md: 1.634, 2.179, 1.453, 0.726).
+    # tokens 9-11 the last step alone, 0.7261 (the worked example: 1.634, 2.179, 1.453, 0.726).
     adv = process_advantages(WORKED_REWARDS, WORKED_ENDS, length=12, group_size=3)
     assert adv.shape == (3, 12) and adv.dtype == torch.float32
     expected_1 = torch.tensor([1.6337] * 3 + [2.1783] * 3 + [1.4522] * 3 + [0.7261] * 3)
@@ -210,7 +210,7 @@ def test_process_scale_rewards_worked_example():
 
 
 def test_extend_last_step_worked_example():
-    # REFERENCE.md's output 1 in a completion of 13 tokens (eos at 12): the last step (ending at 11) now
+    # The worked example's output 1 in a completion of 13 tokens (eos at 12): the last step (ending at 11) now
     # ends on the eos. Output 2 ends its last step on its eos already; output 3 was masked (length 0).
     ends = extend_last_step([[2, 5, 8, 11], [3, 7], []], [13, 8, 0])
     assert ends == [[2, 5, 8, 12], [3, 7], []]
