@@ -7,7 +7,9 @@ and `pipeline/` never imports `flows/`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -20,11 +22,16 @@ def _config(args) -> PipelineConfig:
 
 def cmd_run(args) -> None:
     cfg = _config(args)
-    from pipeline.rounds import preflight
+    from pipeline.rounds import abandon, preflight
     from pipeline.rundir import refuse_if_locked
 
     preflight(cfg)  # fail fast and quietly, before Prefect starts
     refuse_if_locked(cfg.run_dir)
+    if args.stopper:  # stopped at once: no MLflow run left RUNNING, no lock left held
+        from flows.signals import ephemeral_server_apart
+
+        ephemeral_server_apart()
+        args.stopper.at_hard_exit(lambda: abandon(cfg))
     from flows.iterative import iterative_rl
     from pipeline.compare import rounds_from_run_dir, rounds_table
 
@@ -157,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("config", help="YAML run config (see configs/)")
             s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                            help="override a config field, e.g. --set grpo.learning_rate=1e-5 (repeatable)")
-        s.set_defaults(func=func, console=console)  # console: set up for a person watching it (flows/console.py)
+        # console: set up for a person watching it (flows/console.py); stoppable: SIGINT/SIGTERM (flows/signals.py)
+        s.set_defaults(func=func, console=console, stoppable=name != "serve")  # serve: Prefect's runner owns them
         return s
 
     s = cmd("run", cmd_run, "Run the whole iterative loop (resumes an unfinished run directory).")
@@ -210,6 +218,22 @@ def main(argv: list[str] | None = None, console: bool | None = None) -> int:
         from flows.console import quiet
 
         quiet()
+    from flows.signals import stop_on_signals
+
+    with stop_on_signals() if args.stoppable else contextlib.nullcontext() as stopper:
+        args.stopper = stopper
+        try:
+            return _run_command(args)
+        except BaseException as e:
+            code = stopper.exit_code(e) if stopper else None
+            if code is None:
+                raise
+            print(f"igrpo: stopped by {signal.Signals(code - 128).name}; nothing half-written is left"
+                  + (f": `igrpo run {args.config}` resumes it" if args.command == "run" else ""), file=sys.stderr)
+            return code
+
+
+def _run_command(args) -> int:
     try:
         return args.func(args) or 0
     except (ConfigError, FileNotFoundError) as e:

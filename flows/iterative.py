@@ -58,6 +58,5 @@ def iterative_rl(config: dict, force: bool = False) -> dict:
             round_flow(config, r)
             update_progress_artifact(progress, 100.0 * (r + 1) / (cfg.run.rounds + 1))
 
-        rounds.run_rounds(cfg, one_round)
-        tracking.finish(parent)
+        rounds.run_rounds(cfg, one_round)  # ends the rounds' and the parent's MLflow runs
     return {"run_dir": str(cfg.run_dir), "mlflow_run": parent, "tracking_uri": tracking.mlflow.get_tracking_uri()}

@@ -190,10 +190,25 @@ def run_round(cfg: PipelineConfig, r: int, step: Step | None = None) -> dict[str
 
 
 def run_rounds(cfg: PipelineConfig, round_fn: Callable[[int], object] | None = None) -> None:
-    """Rounds 0..`run.rounds` in order (`round_fn(r)` default: `run_round`; the flow gives a subflow)."""
+    """Rounds 0..`run.rounds` in order (`round_fn(r)` default: `run_round`; the flow gives a subflow).
+
+    Each round's MLflow run, then the pipeline's, ends FINISHED; a round that stops ends them KILLED (a signal,
+    a cancellation) or FAILED (an error), and a resumed round is RUNNING again.
+    """
     round_fn = round_fn or (lambda q: run_round(cfg, q))
-    for r in range(cfg.run.rounds + 1):
-        round_fn(r)
+    parent = Manifest.load(cfg.run_dir).data["mlflow"]["parent"]
+    with tracking.ending(parent):
+        for r in range(cfg.run.rounds + 1):
+            manifest = Manifest.load(cfg.run_dir)  # fresh: the phases record into it
+            round_run = _ensure_run(manifest, phase_key(r), parent, {"round": str(r)})
+            if not all(manifest.done(r, name) for name in PHASES):  # a finished round keeps its end time
+                tracking.reopen(round_run)
+                with tracking.ending(round_run):
+                    round_fn(r)
+                tracking.finish(round_run)
+            else:
+                round_fn(r)  # every phase skipped; the flow still shows the round
+    tracking.finish(parent)
 
 
 def recorded_round(cfg: PipelineConfig, r: int) -> dict[str, PhaseResult]:
@@ -213,18 +228,20 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
         return PhaseResult.from_manifest(manifest.output(round_index, name))
     phase = PHASES[name]
     runs = phase_runs(manifest, cfg, round_index, phase)
+    tracking.reopen(runs.run_id)  # a resumed phase's run was ended KILLED or FAILED
     start = time.monotonic()
     kwargs = {"round_index": round_index, **inputs}
-    if phase.launchable and cfg.launcher.kind == "accelerate" and _body(phase, round_index) is phase.run:
-        from pipeline.launch import launch_phase
+    with tracking.ending(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
+        if phase.launchable and cfg.launcher.kind == "accelerate" and _body(phase, round_index) is phase.run:
+            from pipeline.launch import launch_phase
 
-        result = launch_phase(cfg, name, kwargs, RunDir(cfg.run_dir).launch(round_index, name), runs)
-    else:
-        result = execute(cfg, name, runs, kwargs)
-    if phase.registers:
-        result = dataclasses.replace(result, versions=_register(cfg, runs, round_index, result.paths or {}))
-    tracking.log_metrics(runs.run_id, result.metrics)
-    tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
+            result = launch_phase(cfg, name, kwargs, RunDir(cfg.run_dir).launch(round_index, name), runs)
+        else:
+            result = execute(cfg, name, runs, kwargs)
+        if phase.registers:
+            result = dataclasses.replace(result, versions=_register(cfg, runs, round_index, result.paths or {}))
+        tracking.log_metrics(runs.run_id, result.metrics)
+        tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
     tracking.finish(runs.run_id)
     manifest = Manifest.load(cfg.run_dir)
     manifest.record(round_index, name, result.to_manifest())
@@ -362,6 +379,21 @@ def check_run(cfg: PipelineConfig) -> tuple[dict[str, str], list[str]]:
     return found, errors
 
 
+def abandon(cfg: PipelineConfig) -> None:
+    """What a process exiting at once leaves tidy: the run's MLflow runs still RUNNING end KILLED, and the lock
+    goes if this process holds it. Outputs need nothing: they are whole or absent."""
+    from pipeline.rundir import release_lock
+
+    try:
+        runs = Manifest.load(cfg.run_dir).data["mlflow"]
+    except FileNotFoundError:
+        runs = {}
+    for run_id in runs.values():
+        if tracking.run_status(run_id) == "RUNNING":
+            tracking.finish(run_id, "KILLED")
+    release_lock(cfg.run_dir)
+
+
 def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
     """Create the run directory's manifest, or check a resumed one against `cfg`; attach the parent MLflow run."""
     current = cfg.model_dump(mode="json")
@@ -379,5 +411,7 @@ def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
         parent = tracking.create_run(experiment, cfg.run.name, tags={"igrpo.run_dir": str(cfg.run_dir.resolve())})
         tracking.log_params(parent, tracking.flatten(current))
         manifest.data["mlflow"]["parent"] = parent
+    else:
+        tracking.reopen(parent)  # resumed: it was ended KILLED (stopped) or FAILED
     manifest.save()
     return manifest

@@ -245,6 +245,14 @@ def refuse_if_locked(run_dir: str | os.PathLike) -> None:
         raise RunDirError(f"{run_dir} is in use by another run (pid {pid}); wait for it or stop it")
 
 
+def release_lock(run_dir: str | os.PathLike) -> None:
+    """Remove `run_dir`'s lock if this process holds it."""
+    lock = RunDir(run_dir).lock
+    with contextlib.suppress(OSError, ValueError):
+        if int(lock.read_text().strip() or 0) == os.getpid():
+            lock.unlink()
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: str | os.PathLike):
     """Hold `run_dir/.lock` (our pid inside) for the duration; refuse a live holder, take over a dead one."""

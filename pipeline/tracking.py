@@ -175,6 +175,42 @@ def finish(run_id: str, status: str = "FINISHED") -> None:
     MlflowClient().set_terminated(run_id, status)
 
 
+def end_status(error: BaseException | None) -> str:
+    """The status of a run its body left with `error`: FINISHED, FAILED for an error, KILLED when stopped
+    (Ctrl-C's KeyboardInterrupt, Prefect's TerminationSignal for a SIGTERM or a cancellation, SystemExit).
+
+    >>> end_status(None), end_status(ValueError()), end_status(KeyboardInterrupt())
+    ('FINISHED', 'FAILED', 'KILLED')
+    """
+    return "FINISHED" if error is None else "FAILED" if isinstance(error, Exception) else "KILLED"
+
+
+@contextlib.contextmanager
+def ending(*run_ids: str | None):
+    """Runs that the body leaves by an exception are ended FAILED or KILLED (`end_status`), not left RUNNING."""
+    try:
+        yield
+    except BaseException as e:
+        for run_id in filter(None, run_ids):
+            with contextlib.suppress(Exception):  # the store may be gone too: the exception matters more
+                finish(run_id, end_status(e))
+        raise
+
+
+def run_status(run_id: str) -> str | None:
+    """RUNNING, FINISHED, FAILED, KILLED; None for a run the store does not have."""
+    try:
+        return MlflowClient().get_run(run_id).info.status
+    except Exception:
+        return None
+
+
+def reopen(run_id: str) -> None:
+    """A resumed run is RUNNING again (it was ended KILLED or FAILED when its process stopped)."""
+    if MlflowClient().get_run(run_id).info.status != "RUNNING":
+        MlflowClient().update_run(run_id, status="RUNNING")
+
+
 @contextlib.contextmanager
 def active(run_id: str | None):
     """Make `run_id` the active run (where Trainer's MLflow callback logs); no-op for None."""

@@ -1,5 +1,5 @@
 """Drivers of whole runs for the tests: `igrpo run` in-process (a user error's exit code and message), in a
-subprocess SIGKILLed at a chosen point (the one SIGKILL harness), and the check of a complete mini run."""
+subprocess SIGKILLed or signalled at a chosen point (the one kill harness), and the check of a complete mini run."""
 
 from __future__ import annotations
 
@@ -71,23 +71,28 @@ sys.exit(main(["run", config]))
 
 class Killed(NamedTuple):
     reached: bool  # the kill point was reached (False: the run ended or stalled before it)
-    returncode: int | None  # -signal.SIGKILL when killed there
+    returncode: int | None  # -signal.SIGKILL when killed there; 128 + the signal when it stopped on its own
     log: str  # the tail of the run's stdout and stderr, for failure messages
+    seconds: float | None = None  # from the signal to the process's exit
 
 
 def sigkill_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = None,
-                ready: Callable[[], bool] | None = None, settle: float = 0.0, timeout: float = 400) -> Killed:
-    """`igrpo run` on the config `data` in a subprocess, SIGKILLed at a chosen point.
+                ready: Callable[[], bool] | None = None, settle: float = 0.0, timeout: float = 400,
+                signum: int = signal.SIGKILL, group: bool = False) -> Killed:
+    """`igrpo run` on the config `data` in a subprocess, SIGKILLed (or sent `signum`) at a chosen point.
 
     hold: (module, function, needle): the first call of `module.function` whose arguments name a path
         containing `needle` blocks for good, and the run is killed there: deterministic, unlike a kill
         after a guessed delay.
     ready: otherwise, a predicate polled every 0.05 s; the run is killed `settle` seconds after it holds.
-    The subprocess has a session of its own: the ephemeral Prefect server it starts is killed with its group.
+    signum, group: the signal, sent to the process or (as a terminal's Ctrl-C) to its whole process group;
+        a run that has not exited 60 s after it is SIGKILLed.
+    The subprocess has a session of its own; whatever it leaves (its Prefect server) is killed with its group.
     """
     path = tmp_path / "mini.yaml"
     path.write_text(yaml.safe_dump(data))
     marker = tmp_path / "held"
+    marker.unlink(missing_ok=True)
     if hold is not None:
         ready = marker.exists
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-sub"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -101,13 +106,17 @@ def sigkill_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = Non
         proc = subprocess.Popen([sys.executable, "-c", HOLD_THEN_RUN, str(path), str(marker), *(hold or ())],
                                 env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + timeout
-    reached = False
+    reached, seconds = False, None
     try:
         while time.time() < deadline and proc.poll() is None:
             if ready():
                 reached = True
                 time.sleep(settle)
-                proc.send_signal(signal.SIGKILL)
+                sent = time.monotonic()
+                os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=60)
+                seconds = time.monotonic() - sent
                 break
             time.sleep(0.05)
     finally:
@@ -115,8 +124,8 @@ def sigkill_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = Non
             proc.kill()
         proc.wait(timeout=60)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # what the dead run left behind (its Prefect server)
-    return Killed(reached, proc.returncode, log.read_text(errors="replace")[-3000:])
+            os.killpg(proc.pid, signal.SIGKILL)  # what the dead run left behind
+    return Killed(reached, proc.returncode, log.read_text(errors="replace")[-3000:], seconds)
 
 
 # --- a complete mini run ----------------------------------------------------------------------------------

@@ -1,0 +1,172 @@
+"""SIGINT and SIGTERM stop `igrpo run` within seconds at any phase, leaving a run that resumes to the same figures.
+
+The fast tests drive `flows.signals.stop_on_signals` in a small subprocess (a cleanup that finishes, one that
+hangs, a second signal); the slow one signals a real `igrpo run` in SFT, collection, RM training and GRPO,
+as a terminal (Ctrl-C to the whole process group), `timeout` and systemd do, then resumes it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from pipeline.config import config_from_dict
+from pipeline.rundir import phase_key, read_json
+from tests._harness import ROOT, assert_complete_run, mlflow_structure, sigkill_run
+from tests.conftest import mini_config
+
+# A body that works until signalled; its cleanup then finishes ("clean") or never ends ("hang").
+STOPPABLE = """
+import pathlib, sys, time
+from flows.signals import stop_on_signals
+mode, grace, out = sys.argv[1], float(sys.argv[2]), pathlib.Path(sys.argv[3])
+with stop_on_signals(grace_s=grace) as stopper:
+    stopper.at_hard_exit(lambda: (out / "tidied").touch())
+    try:
+        (out / "working").touch()
+        if mode == "swallowed":  # the signal lands while Python runs a weakref callback, which drops exceptions
+            import os, signal, weakref
+            class Obj: pass
+            obj = Obj()
+            ref = weakref.ref(obj, lambda _: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))
+            del obj
+        time.sleep(600)
+    except BaseException as e:
+        if mode == "hang":
+            time.sleep(600)
+        (out / "cleaned").touch()
+        sys.exit(stopper.exit_code(e))
+"""
+
+
+def _stoppable(tmp_path, mode: str, grace: float) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", STOPPABLE, mode, str(grace), str(tmp_path)], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "working").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.02)
+    return proc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_unwinds_the_body(tmp_path, signum):
+    proc = _stoppable(tmp_path, "clean", grace=30)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=20) == 128 + signum
+    assert (tmp_path / "cleaned").exists() and not (tmp_path / "tidied").exists()
+    assert f"igrpo: {signal.Signals(signum).name}: stopping" in proc.stderr.read()
+
+
+def test_a_signal_swallowed_by_a_weakref_callback_still_stops(tmp_path):
+    """Seen in GRPO: the KeyboardInterrupt landed in a WeakSet callback, Python printed and dropped it, and the run
+    went on to finish."""
+    proc = _stoppable(tmp_path, "swallowed", grace=300)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    assert (tmp_path / "cleaned").exists() and not (tmp_path / "tidied").exists()
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_a_cleanup_that_hangs_is_cut_after_the_grace(tmp_path):
+    proc = _stoppable(tmp_path, "hang", grace=1.0)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    assert 0.9 < time.monotonic() - start < 15
+    assert (tmp_path / "tidied").exists() and not (tmp_path / "cleaned").exists()
+    assert "cleanup still running after 1 s" in proc.stderr.read()
+
+
+def test_a_second_ctrl_c_exits_at_once(tmp_path):
+    proc = _stoppable(tmp_path, "hang", grace=300)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 128 + signal.SIGINT
+    assert time.monotonic() - start < 10  # not the 300 s grace
+    assert (tmp_path / "tidied").exists()
+    assert "a second signal" in proc.stderr.read()
+
+
+# ---------------------------------------------------------------------------------------------- a real run
+
+# Where each stop lands, in run order: (round, phase, signal, to the whole process group). Phases are sized to
+# last several seconds, so a signal 0.5 s after the phase's MLflow run appears lands inside its work.
+STOPS = [
+    (0, "policy", signal.SIGINT, True),  # SFT; Ctrl-C in a terminal reaches Prefect's server too
+    (0, "collect", signal.SIGTERM, False),  # `timeout`, Kubernetes
+    (0, "reward_model", signal.SIGTERM, True),  # systemd stopping the whole unit
+    (1, "policy", signal.SIGINT, False),  # GRPO
+]
+
+
+def _config(tmp_path) -> dict:
+    return mini_config(
+        tmp_path, run={"rounds": 1},
+        bootstrap={"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 6, "per_device_train_batch_size": 32}},
+        grpo={"max_steps": 6},
+        collect={"prompts_per_round": 16},
+        reward_model={"train_args": {"learning_rate": 1e-3, "num_train_epochs": 4, "per_device_train_batch_size": 8}},
+    )
+
+
+def _inside(manifest_path: Path, r: int, phase: str):
+    def ready() -> bool:
+        try:
+            m = read_json(manifest_path)
+        except (FileNotFoundError, ValueError):
+            return False
+        return phase_key(r, phase) in m["mlflow"] and phase_key(r, phase) not in m["phases"]
+    return ready
+
+
+def _figures(run_dir: Path) -> dict:
+    """Every recorded phase's metrics, timings left out (the machine's, not the run's)."""
+    phases = read_json(run_dir / "manifest.json")["phases"]
+    return {key: {k: v for k, v in out["metrics"].items() if not k.endswith(("_per_s", "seconds"))}
+            for key, out in phases.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("isolated")
+def test_signals_in_each_phase_then_resume(tmp_path, prefect_harness):
+    from flows.iterative import iterative_rl
+
+    data = _config(tmp_path / "stopped")
+    cfg = config_from_dict(data)
+    manifest = cfg.run_dir / "manifest.json"
+    for r, phase, signum, group in STOPS:
+        stopped = sigkill_run(tmp_path, data, ready=_inside(manifest, r, phase), settle=0.5, signum=signum,
+                              group=group)
+        where = f"{signal.Signals(signum).name} in round {r}'s {phase}"
+        assert stopped.reached, f"the run ended before {where}:\n{stopped.log}"
+        assert stopped.returncode == 128 + signum, f"{where}: rc {stopped.returncode}\n{stopped.log}"
+        assert stopped.seconds < 30, where
+        assert "Traceback" not in stopped.log, stopped.log
+        assert "resumes it" in stopped.log
+        m = read_json(manifest)
+        assert phase_key(r, phase) not in m["phases"], f"{where}: the phase finished before the signal"
+        assert not (cfg.run_dir / ".lock").exists()
+        leftovers = [str(p.relative_to(cfg.run_dir)) for p in cfg.run_dir.rglob(".*")]
+        assert leftovers == [], f"{where}: half-written {leftovers}"
+        client = MlflowClient(cfg.tracking.tracking_uri)
+        for key in ("parent", phase_key(r), phase_key(r, phase)):
+            assert client.get_run(m["mlflow"][key]).info.status == "KILLED", (where, key)
+
+    iterative_rl(cfg.model_dump(mode="json"))  # the last resume runs to the end
+    assert_complete_run(cfg, "mini")
+    runs = mlflow_structure("mini")["all"].values()
+    assert {r.info.run_name: r.info.status for r in runs if r.info.status != "FINISHED"} == {}
+
+    reference = config_from_dict(_config(tmp_path / "uninterrupted"))
+    iterative_rl(reference.model_dump(mode="json"))
+    assert _figures(cfg.run_dir) == _figures(reference.run_dir)
