@@ -5,6 +5,7 @@ Run (from the repository root, in the project's venv):
     python bench/faults.py                       # 5 killed runs, 2 rounds, seed 0 (about 20-35 minutes on 2 cores)
     python bench/faults.py --kills 2 --seed 3    # a quicker check
     python bench/faults.py --rounds 1 --max-kills-per-run 3 --keep
+    python bench/faults.py --kills 20 --sigterms 5   # the scale check (hours on 2 cores; parts: --kills 4 --seed 1 ...)
 
 What it does, all under one temp folder (removed at the end unless --keep):
 
@@ -17,6 +18,8 @@ What it does, all under one temp folder (removed at the end unless --keep):
    in the pipeline is seeded by the run name or the run directory), SIGKILLed at a moment drawn uniformly from
    [0, T] (`random.Random(--seed)`), then rerun; each rerun is SIGKILLed again at a fresh moment if it is still
    running then, at most --max-kills-per-run kills per run, and finally rerun to completion.
+   --sigterms times: the same, but sent SIGTERM once (what `timeout`, systemd and Kubernetes send): it must exit
+   within 30 s with rc 143 and release its lock (README, "Stopping"), then is rerun to completion.
 4. Every finished run is checked against the reference: the same shards (every column but `policy`, which holds a
    path; `policy` must name the run's own checkpoint), the same checkpoints (policy, reward_model/prm,
    reward_model/orm of every round; tensors compared with torch.equal, or the max abs difference when CPU training
@@ -58,6 +61,7 @@ from tests.conftest import mini_config  # noqa: E402
 
 CHECKPOINTS = ("policy", "reward_model/prm", "reward_model/orm")
 MAX_KILLS = 20
+STOP_S = 30  # a SIGTERMed run must have exited by then (README, "Stopping")
 TIMING = re.compile(r"(_per_s|seconds|runtime)$")  # metrics that are timings, not results
 
 
@@ -74,11 +78,14 @@ def env_for(work: Path, name: str) -> dict:
     return env
 
 
-def attempt(work: Path, name: str, config: Path, log: Path, kill_at: float | None, timeout: float) -> dict:
-    """One `igrpo run`; SIGKILL its process at `kill_at` seconds if it still runs then. Returns what happened."""
+def attempt(work: Path, name: str, config: Path, log: Path, kill_at: float | None, timeout: float,
+            signum: int = signal.SIGKILL) -> dict:
+    """One `igrpo run`; send `signum` (SIGKILL: the fault) to its process at `kill_at` seconds if it still runs
+    then. A SIGTERM must stop it within STOP_S (`stop_seconds`); past that it is SIGKILLed. Returns what happened."""
     start = time.monotonic()
+    stop_seconds = None
     with open(log, "ab") as out:
-        out.write(f"\n=== attempt, kill_at={kill_at} ===\n".encode())
+        out.write(f"\n=== attempt, {signal.Signals(signum).name} at {kill_at} ===\n".encode())
         out.flush()
         proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(config)], env=env_for(work, name),
                                 cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -87,8 +94,14 @@ def attempt(work: Path, name: str, config: Path, log: Path, kill_at: float | Non
             proc.wait(timeout=limit)
             killed = False
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)  # the fault: the pipeline's own process, as the OOM killer would
-            proc.wait()
+            proc.send_signal(signum)  # SIGKILL: the pipeline's own process, as the OOM killer would
+            sent = time.monotonic()
+            try:
+                proc.wait(timeout=STOP_S if signum != signal.SIGKILL else None)
+                stop_seconds = time.monotonic() - sent
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             killed = True
         finally:
             # Whatever it started (Prefect's ephemeral server) must not outlive it; they are ours to stop.
@@ -97,7 +110,8 @@ def attempt(work: Path, name: str, config: Path, log: Path, kill_at: float | Non
             except ProcessLookupError:
                 pass
     elapsed = time.monotonic() - start
-    return {"killed": killed, "timed_out": killed and kill_at is None, "rc": proc.returncode, "seconds": elapsed}
+    return {"killed": killed, "timed_out": killed and kill_at is None, "rc": proc.returncode, "seconds": elapsed,
+            "stop_seconds": stop_seconds}
 
 
 def read_manifest(run_dir: Path) -> dict | None:
@@ -264,13 +278,15 @@ def main(argv=None) -> int:
     ap.add_argument("--kills", type=int, default=5, help=f"killed runs (1..{MAX_KILLS}; default 5)")
     ap.add_argument("--rounds", type=int, default=2, help="run.rounds of the mini config (1..4; default 2)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments (run.seed stays 0)")
+    ap.add_argument("--sigterms", type=int, default=0,
+                    help=f"runs SIGTERMed once at a random moment (0..{MAX_KILLS}; default 0), besides the killed ones")
     ap.add_argument("--max-kills-per-run", type=int, default=2, help="SIGKILLs at most per run (1..5; default 2)")
     ap.add_argument("--no-control", action="store_true", help="skip the second uninterrupted run")
     ap.add_argument("--workdir", help="folder for everything (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     args = ap.parse_args(argv)
-    if not 1 <= args.kills <= MAX_KILLS:
-        ap.error(f"--kills must be between 1 and {MAX_KILLS}")
+    if not 0 <= args.kills <= MAX_KILLS or not 0 <= args.sigterms <= MAX_KILLS or args.kills + args.sigterms == 0:
+        ap.error(f"--kills and --sigterms must be between 0 and {MAX_KILLS}, one of them at least 1")
     if not 1 <= args.rounds <= 4:
         ap.error("--rounds must be between 1 and 4")
     if not 1 <= args.max_kills_per_run <= 5:
@@ -347,21 +363,32 @@ def main(argv=None) -> int:
 
     rows = []  # (kill id, moment, phase, run name)
     verdicts: dict[str, tuple[list[str], list[str]]] = {}
-    for i in range(1, args.kills + 1):
-        name = f"kill-{i}"
+    plan = [(f"kill-{i}", signal.SIGKILL, args.max_kills_per_run) for i in range(1, args.kills + 1)]
+    plan += [(f"term-{i}", signal.SIGTERM, 1) for i in range(1, args.sigterms + 1)]
+    for i, (name, signum, max_kills) in enumerate(plan, start=1):
         config, log = config_for(name), work / "logs" / f"{name}.log"
         run_dir = runs_dir / name
         kills, before, snapshots, lost_here = 0, None, [], []
         while True:
-            kill_at = rng.uniform(0, T) if kills < args.max_kills_per_run else None
-            res = attempt(work, name, config, log, kill_at, timeout)
+            kill_at = rng.uniform(0, T) if kills < max_kills else None
+            res = attempt(work, name, config, log, kill_at, timeout, signum)
             if res["killed"] and not res["timed_out"]:
                 kills += 1
                 manifest, mtime = read_manifest(run_dir), manifest_mtime(run_dir)
                 phase = phase_in_progress(manifest, stale=mtime is not None and mtime == before)
                 rows.append((f"{i}.{kills}", kill_at, phase, name))
                 snapshots.append((f"{i}.{kills}", manifest))
-                say(f"{name}: SIGKILL at {kill_at:.1f}s during {phase}")
+                how = signal.Signals(signum).name
+                if signum == signal.SIGTERM:
+                    if res["stop_seconds"] is None:
+                        lost_here.append(f"SIGTERM did not stop it within {STOP_S} s")
+                    else:
+                        how += f" (stopped in {res['stop_seconds']:.1f}s, rc {res['rc']})"
+                        if res["rc"] != 128 + signal.SIGTERM:
+                            lost_here.append(f"SIGTERM: rc {res['rc']}, not {128 + signal.SIGTERM}")
+                        if (run_dir / ".lock").exists():
+                            lost_here.append("SIGTERM left the lock behind")
+                say(f"{name}: {how} at {kill_at:.1f}s during {phase}")
                 before = mtime
                 continue
             if res["timed_out"]:
@@ -373,8 +400,9 @@ def main(argv=None) -> int:
             break
         if kills == 0:
             rows.append((f"{i}.0", None, "finished before the kill moment", name))
-        if not lost_here:
-            lost_here, notes = verify(name, reproducible)
+        if not lost_here or all(x.startswith("SIGTERM") for x in lost_here):
+            stopped, (lost_here, notes) = lost_here, verify(name, reproducible)
+            lost_here = stopped + lost_here
             final = read_manifest(run_dir) or {"phases": {}, "mlflow": {}}
             for kid, snap in snapshots:  # what was done at a kill is kept as it was, not redone
                 redone = [k for k, v in (snap or {}).get("phases", {}).items() if final["phases"].get(k) != v]
