@@ -96,7 +96,8 @@ class Experiments:
     def arm_config(self, arm: str, seed: int):
         return self.config(seed, [
             f"run.name={arm}-s{seed}", f"run.rounds={self.a.rounds}", f"policy.model={self.sft_path(seed)}",
-            "bootstrap.sft=false", "tracking.register_models=false", *arm_overrides(arm, self.a.smoke)])
+            "bootstrap.sft=false", "tracking.register_models=false", "tracking.register_policy=false",
+            *arm_overrides(arm, self.a.smoke)])
 
     def sft_path(self, seed: int) -> Path:
         return self.runs_dir / f"sft-s{seed}" / "policy"

@@ -25,7 +25,8 @@ What it does, all under one temp folder (removed at the end unless --keep):
    reward_model/orm of every round; tensors compared with torch.equal, or the max abs difference when CPU training
    is not bit-reproducible, as the control shows), the same manifest phases, finished phases not redone after a
    kill, no leftover temp file or lock, and the same MLflow structure (one parent run of that name, one run per
-   round, 4 phase runs per round, one registered version per round per RM kind tagged with the parent).
+   round, 4 phase runs per round, one registered version per round per RM kind and of the policy, tagged with the
+   parent).
 
 Output: one row per kill (its moment, the phase being run when killed, read from the manifest right after the
 kill: the phase whose MLflow run exists but is not recorded done), the verdict of its run, and a last line
@@ -257,7 +258,7 @@ def check_mlflow(uri: str, experiment: str, name: str, manifest: dict, rounds: i
         subs = sorted(r.info.run_name for x in rm for r in children(x.info.run_id))
         if subs != sorted(f"{rr.info.run_name}-reward_model-{k}" for k in ("orm", "prm")):
             problems.append(f"mlflow: {rr.info.run_name} reward-model runs {subs}")
-    for kind in ("prm", "orm"):
+    for kind in ("prm", "orm", "policy"):
         versions = [v for v in client.search_model_versions(f"name='{experiment}-{kind}'")
                     if v.tags.get("pipeline_run") == parent]
         got = sorted(v.tags.get("round") for v in versions)

@@ -7,17 +7,17 @@ and the monitor are skipped). Every sample is scored once per RM, whatever the N
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
 from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
+from pipeline.replay import read_shard
 from pipeline.rundir import write_json_atomic
-
-Scorer = Callable[[list[str], list[str]], list[float]]  # (prompts, completions) -> one solution score each
+from pipeline.sample_tables import eval_samples, sample_table, scored_by
+from pipeline.scorers import Scores
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class EvalPhaseResult:
     curve: dict[str, float]  # pass@K and maj@K for every K, the plot's points
     json_path: Path | None = None
     plot_path: Path | None = None
+    tables: dict[str, list[dict]] = field(default_factory=dict)  # the sample tables, by `TABLES` name
 
 
 def run_eval_phase(
@@ -45,11 +46,15 @@ def run_eval_phase(
         trained_against: kind -> the RM the policy was trained against (the previous round's), for the
             hacking monitor on the fresh samples of `shard_path` (either missing: skipped).
         json_path, plot_path: where eval.json and the Pass@K / Maj@K plot go (None: not written).
+
+    The sample tables (`tracking.sample_table_rows` rows; `pipeline.sample_tables`) come with the result:
+    `eval` always, `collect` with the monitor, each with the scores computed here.
     """
     from pipeline.generation import load_sampling_model
     from pipeline.reward_model import load_scorer
 
     e = cfg.eval
+    reward_models, trained_against = (_in_order(d or {}, cfg.reward_model.kinds) for d in (reward_models, trained_against))
     problem_set = problem_set_from_config(cfg)
     problems = problem_set.test[: e.num_problems]
     model, tokenizer = load_sampling_model(str(policy_path), e.backend, e.vllm_args)
@@ -60,41 +65,61 @@ def run_eval_phase(
         prompts=rendered,
     )
     metrics = {f"eval/{k}": v for k, v in ev.metrics.items()}
-    scorers = {kind: load_scorer(kind, path, cfg.reward_model, e.batch_size) for kind, path in (reward_models or {}).items()}
+    scorers = {kind: load_scorer(kind, path, cfg.reward_model, e.batch_size) for kind, path in reward_models.items()}
 
-    # Best-of-N with each RM on the same samples, beside majority vote and a random pick.
-    prompts = [[q] * len(t) for q, t in zip(rendered, ev.texts)]
-    scores = {kind: [score(ps, ts) for ps, ts in zip(prompts, ev.texts)] for kind, score in scorers.items()}
-    for n in e.best_of_n:
-        for kind, s in scores.items():
-            metrics[f"bon/{kind}@{n}"] = best_of_n_accuracy(s, ev.correct, ev.answers, n)["rm"]
-        base = best_of_n_accuracy([[0.0] * len(c) for c in ev.correct], ev.correct, ev.answers, n)
-        metrics[f"bon/majority@{n}"], metrics[f"bon/random@{n}"] = base["majority"], base["random"]
+    # Every sample scored once per RM (with a PRM's step scores): best-of-N for each N, and the eval table.
+    scores = {kind: [s.scores([q] * len(t), t) for q, t in zip(rendered, ev.texts)] for kind, s in scorers.items()}
+    metrics |= best_of_n(scores, ev.correct, ev.answers, e.best_of_n)
+    rows, seed = cfg.tracking.sample_table_rows, cfg.run.seed
+    tables = {"eval": sample_table(eval_samples(problem_set, problems, rendered, ev.texts, ev.answers, ev.correct,
+                                                round_index), {k: Scores.concat(v) for k, v in scores.items()},
+                                   rows, seed, scored_by(reward_models, cfg.run_dir))}
 
     if trained_against and shard_path:
+        shard = read_shard(shard_path)
+        fresh = {}
         for kind, path in trained_against.items():
-            same = path == (reward_models or {}).get(kind)
-            score = scorers[kind] if same else load_scorer(kind, path, cfg.reward_model, e.batch_size)
-            metrics[f"monitor/{kind}_gap"] = hacking_gap(score, shard_path)
+            same = path == reward_models.get(kind)
+            scorer = scorers[kind] if same else load_scorer(kind, path, cfg.reward_model, e.batch_size)
+            fresh[kind] = scorer.scores([x["prompt"] for x in shard], [x["completion"] for x in shard])
+            metrics[f"monitor/{kind}_gap"] = hacking_gap(fresh[kind].solutions, [x["outcome"] for x in shard])
+        tables["collect"] = sample_table(shard, fresh, rows, seed, scored_by(trained_against, cfg.run_dir))
 
     curve = {k: v for k, v in ev.metrics.items() if "@" in k}
     if json_path is not None:
         write_json_atomic(json_path, {"round": round_index, "metrics": metrics, "curve": curve})
     if plot_path is not None:
         plot_pass_maj({f"round {round_index}": curve}, plot_path)
-    return EvalPhaseResult(metrics, curve, json_path, plot_path)
+    return EvalPhaseResult(metrics, curve, json_path, plot_path, {k: t for k, t in tables.items() if t})
 
 
-def hacking_gap(score: Scorer, shard_path: str | Path) -> float:
+def _in_order(paths: dict[str, str], kinds: list[str]) -> dict[str, str]:
+    """`paths` in `reward_model.kinds`' order, whatever the caller's (a manifest gives them back sorted by name),
+    so that the sample tables' columns and `scored_by` read the same in every round."""
+    return {**{k: paths[k] for k in kinds if k in paths}, **paths}
+
+
+def best_of_n(scores: dict[str, list[Scores]], correct: list[list[bool]], answers: list[list[str | None]],
+              ns: list[int]) -> dict[str, float]:
+    """`bon/<kind>@N` for each RM's per-problem scores, beside `bon/majority@N` and `bon/random@N`, for each N."""
+    metrics = {}
+    for n in ns:
+        for kind, per_problem in scores.items():
+            metrics[f"bon/{kind}@{n}"] = best_of_n_accuracy([s.solutions for s in per_problem], correct, answers, n)["rm"]
+        base = best_of_n_accuracy([[0.0] * len(c) for c in correct], correct, answers, n)
+        metrics[f"bon/majority@{n}"], metrics[f"bon/random@{n}"] = base["majority"], base["random"]
+    return metrics
+
+
+def hacking_gap(predicted: list[float], outcomes: list[int]) -> float:
     """What an RM thinks of the fresh samples minus what the verifier says: mean RM score - accuracy.
 
     Read against the RM the policy trained against, a growing gap means the policy exploits a stale RM.
-    """
-    from pipeline.replay import read_shard
 
-    rows = read_shard(shard_path)
-    verifier = sum(x["outcome"] for x in rows) / max(len(rows), 1)
-    predicted = score([x["prompt"] for x in rows], [x["completion"] for x in rows])
+    >>> round(hacking_gap([0.9, 0.8, 0.4], [1, 0, 0]), 3)  # 0.7 - 1/3
+    0.367
+    """
+    verifier = sum(outcomes) / max(len(outcomes), 1)
     return sum(predicted) / max(len(predicted), 1) - verifier
 
 

@@ -110,11 +110,14 @@ def _trained_rms(cfg: PipelineConfig, round_index: int) -> list[str]:
 def _eval(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str, reward_models: dict[str, str],
           trained_against: dict[str, str], shard: str) -> PhaseResult:
     from pipeline.eval_phase import plot_rounds, run_eval_phase
+    from pipeline.sample_tables import TABLES
 
     run = RunDir(cfg.run_dir)
     res = run_eval_phase(cfg, policy, round_index, reward_models, trained_against, shard,
                          json_path=run.eval_json(round_index), plot_path=run.eval_plot(round_index))
     tracking.log_artifact(runs.run_id, res.plot_path)
+    for name, rows in res.tables.items():  # the same file names every round: MLflow compares them across runs
+        tracking.log_table(runs.run_id, rows, TABLES[name])
     curves = {q: read_json(run.eval_json(q))["curve"] for q in run.rounds()
               if q <= round_index and run.eval_json(q).exists()}
     tracking.log_artifact(runs.pipeline, plot_rounds(curves, run.rounds_plot))
@@ -130,15 +133,24 @@ class Phase:
     first: Callable[..., PhaseResult] | None = None  # what round 0 runs instead, if anything (Algorithm 1's π_0)
     launchable: bool = False  # `run` goes under `accelerate launch` with `launcher.kind: accelerate`
     models: Callable[[PipelineConfig, int], list[str]] | None = None  # one MLflow run per model it trains
-    registers: bool = False  # its checkpoints become MLflow model versions `<experiment>-<kind>`
+    # The checkpoints of its result (by kind) that become MLflow model versions `<experiment>-<kind>`.
+    registers: Callable[[PipelineConfig, PhaseResult], dict[str, str]] | None = None
     figures: tuple[str, ...] = ()  # its key metrics, for the console line when it ends (`@K`: the largest K)
 
 
+def _policy_checkpoint(cfg: PipelineConfig, result: PhaseResult) -> dict[str, str]:
+    return {"policy": result.path} if cfg.tracking.register_policy and result.path else {}
+
+
+def _rm_checkpoints(cfg: PipelineConfig, result: PhaseResult) -> dict[str, str]:
+    return dict(result.paths or {}) if cfg.tracking.register_models else {}
+
+
 PHASES: dict[str, Phase] = {p.name: p for p in (
-    Phase("policy", _grpo, first=_bootstrap, launchable=True,
+    Phase("policy", _grpo, first=_bootstrap, launchable=True, registers=_policy_checkpoint,
           figures=("sft/train_loss", "policy/reward_start", "policy/reward_end")),
     Phase("collect", _collect, figures=("collect/samples", "collect/verifier_accuracy", "collect/he_gold_agreement")),
-    Phase("reward_model", _reward_model, launchable=True, models=_trained_rms, registers=True,
+    Phase("reward_model", _reward_model, launchable=True, models=_trained_rms, registers=_rm_checkpoints,
           figures=("prm/step_auc_mc", "prm/step_auc_gold", "orm/auc")),
     Phase("eval", _eval, figures=("eval/greedy", "eval/pass@1", "eval/maj@K", "eval/pass@K")),
 )}
@@ -239,7 +251,7 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
         else:
             result = execute(cfg, name, runs, kwargs)
         if phase.registers:
-            result = dataclasses.replace(result, versions=_register(cfg, runs, round_index, result.paths or {}))
+            result = dataclasses.replace(result, versions=_register(cfg, runs, round_index, phase.registers(cfg, result)))
         tracking.log_metrics(runs.run_id, result.metrics)
         tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
     tracking.finish(runs.run_id)
@@ -260,8 +272,7 @@ def _body(phase: Phase, round_index: int) -> Callable[..., PhaseResult]:
 
 
 def _register(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, paths: dict[str, str]) -> dict[str, str]:
-    if not cfg.tracking.register_models:
-        return {}
+    """Each checkpoint in `paths` (kind -> path) as a version of `<experiment>-<kind>`, alias `round-<r>`."""
     return {kind: tracking.register_checkpoint(runs.run_id, path, f"{cfg.tracking.experiment}-{kind}", round_index,
                                                runs.pipeline) for kind, path in paths.items()}
 

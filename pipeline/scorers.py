@@ -3,6 +3,8 @@
 Shared by GRPO (process advantages, the ORM reward), RM evaluation and the eval phase (best-of-N, the
 reward-hacking monitor). Every scorer is called as `scorer(prompts, completions) -> list[float]`, one
 solution score per (prompt, completion); the PRM also gives its step scores (`PrmScorer.step_scores`).
+`scorer.scores(prompts, completions)` gives both from one pass (`Scores`: the step scores only where the
+kind has them), for the eval phase, which keeps them for MLflow's sample tables.
 Which scorer a reward-model kind has, and how a checkpoint becomes one, is `pipeline.reward_model.RM_KINDS`.
 
 A non-finite score is an error naming the sample (a broken checkpoint), never masked.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -33,6 +36,20 @@ def _forward(model, tokenizer, texts: list[str], batch_size: int, offsets: bool)
         yield s, logits, offs
 
 
+@dataclass(frozen=True)
+class Scores:
+    """One RM's scores of a list of samples: a solution score each, and each one's step scores (PRM; else None)."""
+
+    solutions: list[float]
+    steps: list[list[float]] | None = None
+
+    @staticmethod
+    def concat(parts: Sequence[Scores]) -> Scores:
+        """The scores of several lists of samples, one after the other."""
+        steps = [s for p in parts for s in p.steps] if parts and all(p.steps is not None for p in parts) else None
+        return Scores([v for p in parts for v in p.solutions], steps)
+
+
 class OrmScorer:
     """Batched no-grad ORM: P(correct) = sigmoid(logit) of `prompt + completion`."""
 
@@ -46,6 +63,9 @@ class OrmScorer:
             out += torch.sigmoid(logits[:, 0]).tolist()  # (b,)
         _refuse_nonfinite("ORM", out, completions)
         return out
+
+    def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
+        return Scores(self(prompts, completions))
 
 
 class PrmScorer:
@@ -76,6 +96,11 @@ class PrmScorer:
         """One score per solution: its step scores aggregated (`aggregation`, else the scorer's own)."""
         how = aggregation or self.aggregation
         return [aggregate(s, how) for s in self.step_scores(prompts, completions)]
+
+    def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
+        """The solution scores (the scorer's aggregation) with the step scores they come from, in one pass."""
+        steps = self.step_scores(prompts, completions)
+        return Scores([aggregate(s, self.aggregation) for s in steps], steps)
 
 
 def aggregate(step_scores: Sequence[float], how: str = "min") -> float:

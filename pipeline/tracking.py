@@ -6,6 +6,8 @@ into the phase run made active around them.
 
 MLflow forbids '@' in metric names, so Pass@K and Maj@K are logged as `eval/pass_at_K`, `eval/maj_at_K`.
 MLflow also reserves the alias `latest`; `models:/<name>/latest` already resolves to the newest version.
+MLflow 3 opens an experiment in the view its kind tag names (GenAI's traces, or model training's runs and
+charts); `connect` sets model training where nobody chose a kind.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import mlflow
 from mlflow import MlflowClient
 
 PARENT_TAG = "mlflow.parentRunId"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"  # MLflow 3's kind for training runs (the other: genai_development)
 
 
 class TrackingError(RuntimeError):
@@ -33,14 +37,22 @@ def _fail_fast(uri: str) -> None:
 
 
 def connect(tracking_uri: str | None, experiment: str) -> str:
-    """Point MLflow at `tracking_uri` and make sure it answers, before any work; returns the experiment id."""
+    """Point MLflow at `tracking_uri` and make sure it answers, before any work; returns the experiment id.
+
+    The experiment is of MLflow 3's model-training kind (`EXPERIMENT_KIND_TAG`), unless it has a kind already.
+    """
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     uri = mlflow.get_tracking_uri()
     _fail_fast(uri)
     try:
-        exp = MlflowClient().get_experiment_by_name(experiment)
-        return exp.experiment_id if exp else MlflowClient().create_experiment(experiment)
+        client = MlflowClient()
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            return client.create_experiment(experiment, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        if not exp.tags.get(EXPERIMENT_KIND_TAG):  # one made before this tag, or by hand: a kind set is kept
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+        return exp.experiment_id
     except Exception as e:  # any failure here means no tracking: stop before training
         raise TrackingError(f"MLflow tracking URI {uri!r} cannot be used: {e}") from None
 
@@ -169,6 +181,23 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 def log_artifact(run_id: str, path: str | Path) -> None:
     MlflowClient().log_artifact(run_id, str(path))
+
+
+def log_table(run_id: str, rows: list[dict], artifact_file: str) -> None:
+    """`rows` (one dict each, the same keys) as an MLflow table artifact, shown in the run's artifact view.
+
+    MLflow appends to a table file already there; that is a resumed phase logging its seeded rows again, so
+    the table there is kept, not doubled.
+    """
+    import pandas as pd
+
+    client = MlflowClient()
+    folder = os.path.dirname(artifact_file) or None
+    if any(f.path == artifact_file for f in client.list_artifacts(run_id, folder)):
+        return
+    # Object columns, not pandas 3's str dtype: MLflow's image check on str columns warns on every table.
+    table = pd.DataFrame(rows, columns=list(rows[0]) if rows else None, dtype=object)
+    client.log_table(run_id, table, artifact_file)
 
 
 def finish(run_id: str, status: str = "FINISHED") -> None:

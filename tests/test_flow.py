@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import mlflow
@@ -9,7 +10,8 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.config import config_from_dict
-from pipeline.rundir import read_json
+from pipeline.replay import read_shard
+from pipeline.rundir import RunDir, read_json
 from tests._harness import assert_complete_run, mlflow_structure
 from tests.conftest import mini_config
 
@@ -42,6 +44,16 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
         assert client.get_model_version_by_alias(f"mini-{kind}", "round-2").tags["round"] == "2"
     local = mlflow.artifacts.download_artifacts("models:/mini-prm@round-1")
     assert os.path.exists(os.path.join(local, "model.safetensors"))
+    # The policy of every round registered the same way, from its phase's run.
+    versions = client.search_model_versions("name='mini-policy'")
+    assert sorted(v.tags["round"] for v in versions) == ["0", "1", "2"]
+    policy_1 = client.get_model_version_by_alias("mini-policy", "round-1")
+    assert client.get_run(policy_1.run_id).info.run_name == "round-001-policy"
+    assert os.path.exists(os.path.join(mlflow.artifacts.download_artifacts("models:/mini-policy@round-1"),
+                                       "model.safetensors"))
+    # MLflow 3 opens the experiment in its model-training view.
+    assert client.get_experiment_by_name("mini").tags["mlflow.experimentKind"] == "custom_model_development"
+    _assert_sample_tables(cfg, s)
     # Plots and eval files.
     assert (cfg.run_dir / "pass_maj_rounds.png").stat().st_size > 1000
     assert read_json(cfg.run_dir / "round-002" / "eval.json")["round"] == 2
@@ -55,3 +67,33 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
     by_dir, by_mlflow = lines[1 : ROUNDS + 2], lines[ROUNDS + 2 :]
     assert [x.split()[1:] for x in by_dir] == [x.split()[1:] for x in by_mlflow]
     assert png.stat().st_size > 1000
+
+
+def _table(run_id: str, name: str) -> list[dict]:
+    with open(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"samples/{name}.json")) as f:
+        table = json.load(f)
+    return [dict(zip(table["columns"], row)) for row in table["data"]]
+
+
+def _assert_sample_tables(cfg, structure) -> None:
+    """Each round's eval run holds its sample tables: the same held-out prompts every round, the shard's rows."""
+    runs = {r.info.run_name: r.info.run_id for r in structure["all"].values()}
+    eval_ids = []
+    for r in range(ROUNDS + 1):
+        run_id = runs[f"round-{r:03d}-eval"]
+        evals, collected = _table(run_id, "eval"), _table(run_id, "collect")
+        assert len(evals) == cfg.tracking.sample_table_rows == 16  # of 8 problems x 4 samples: 2 of each
+        assert len(collected) == 12  # the whole shard: 6 prompts x 2 samples
+        assert {x["round"] for x in evals + collected} == {r}
+        assert all(len(x["prm_step_scores"]) >= 1 and 0 <= x["orm_score"] <= 1 for x in evals + collected)
+        assert all(x["he_labels"] is None and isinstance(x["gold_labels"], list) for x in evals)
+        shard = {(x["prompt_id"], x["sample_index"]): x for x in read_shard(RunDir(cfg.run_dir).shard(r))}
+        for x in collected:
+            row = shard[x["prompt_id"], x["sample_index"]]
+            assert (x["completion"], x["verifier"], x["he_labels"]) == (row["completion"], row["outcome"],
+                                                                      row["he_labels"])
+        rms = f"round-{max(r - 1, 0):03d}/reward_model"  # the RMs GRPO trained against score the shard
+        assert collected[0]["scored_by"] == f"prm={rms}/prm, orm={rms}/orm"
+        assert evals[0]["scored_by"] == f"prm=round-{r:03d}/reward_model/prm, orm=round-{r:03d}/reward_model/orm"
+        eval_ids.append([(x["prompt_id"], x["sample_index"]) for x in evals])
+    assert eval_ids[0] == eval_ids[1] == eval_ids[2]

@@ -68,6 +68,19 @@ def test_registry_declares_launch_and_mlflow_runs(tmp_path):
     assert models(cfg, 0) == ["prm", "orm"] and models(cfg, 1) == []  # frozen RMs train (and log) in round 0 only
 
 
+def test_registry_declares_what_each_phase_registers_and_the_config_turns_it_off(tmp_path):
+    policy, rms = PhaseResult({}, path="p1"), PhaseResult({}, paths={"prm": "r/prm", "orm": "r/orm"})
+    registers = {name: phase.registers for name, phase in PHASES.items() if phase.registers}
+    assert list(registers) == ["policy", "reward_model"]  # as <experiment>-policy, <experiment>-prm / -orm
+    on = config_from_dict(mini_config(tmp_path), check_trl=False)
+    assert registers["policy"](on, policy) == {"policy": "p1"}
+    assert registers["reward_model"](on, rms) == {"prm": "r/prm", "orm": "r/orm"}
+    off = config_from_dict(mini_config(tmp_path, tracking={"register_policy": False}), check_trl=False)
+    assert registers["policy"](off, policy) == {} and registers["reward_model"](off, rms) == rms.paths
+    off = config_from_dict(mini_config(tmp_path, tracking={"register_models": False}), check_trl=False)
+    assert registers["policy"](off, policy) == {"policy": "p1"} and registers["reward_model"](off, rms) == {}
+
+
 def test_phase_result_round_trips_through_the_manifest_in_the_old_format():
     policy = PhaseResult({"policy/steps": 2.0}, path="runs/x/round-001/policy")
     assert policy.to_manifest() == {"metrics": {"policy/steps": 2.0}, "path": "runs/x/round-001/policy"}

@@ -21,7 +21,7 @@ from pipeline.rewards import (
     verifier_reward,
     weighted_mix,
 )
-from pipeline.scorers import OrmScorer, PrmScorer, aggregate
+from pipeline.scorers import OrmScorer, PrmScorer, Scores, aggregate
 from pipeline.steps import (
     char_to_token_ends,
     scored_step_ends,
@@ -318,6 +318,26 @@ def test_prm_call_aggregates(prm):
     # The scorer's own aggregation (what `reward_model.aggregation` sets through `load_scorer`).
     products = PrmScorer(model, tok, aggregation="product")([PROMPT] * 2, COMPLETIONS[:2])
     assert products == pytest.approx([math.prod(s) for s in steps], abs=1e-7)
+
+
+def test_scores_give_the_solution_scores_with_the_step_scores_they_aggregate(prm, tiny_policy_dir):
+    # One pass for both (the eval phase keeps the step scores for MLflow's sample tables).
+    model, tok = prm
+    prompts = [PROMPT] * len(COMPLETIONS)
+    scorer = PrmScorer(model, tok, batch_size=3, aggregation="last")
+    scores = scorer.scores(prompts, COMPLETIONS)
+    for got, expected in zip(scores.steps, PrmScorer(model, tok).step_scores(prompts, COMPLETIONS), strict=True):
+        assert got == pytest.approx(expected, abs=1e-6)
+    assert scores.solutions == pytest.approx(scorer(prompts, COMPLETIONS), abs=1e-7)
+    assert scores.solutions == pytest.approx([s[-1] for s in scores.steps], abs=1e-7)
+    orm, orm_tok = reward_model_from_policy(str(tiny_policy_dir), "orm")
+    orm_scores = OrmScorer(orm, orm_tok).scores(prompts[:2], COMPLETIONS[:2])
+    assert orm_scores.steps is None
+    assert orm_scores.solutions == pytest.approx(OrmScorer(orm, orm_tok)(prompts[:2], COMPLETIONS[:2]), abs=1e-7)
+    # Per problem, then one list: the eval phase's order.
+    both = Scores.concat([scorer.scores(prompts[:2], COMPLETIONS[:2]), scorer.scores(prompts[2:], COMPLETIONS[2:])])
+    assert both.solutions == pytest.approx(scores.solutions, abs=1e-6) and len(both.steps) == len(COMPLETIONS)
+    assert Scores.concat([orm_scores, orm_scores]) == Scores(orm_scores.solutions * 2)
 
 
 def test_orm_scorer_length_range_and_batching(tiny_policy_dir):
