@@ -99,23 +99,25 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- a real run
 
-# Where each stop lands, in run order: (round, phase, signal, to the whole process group). Phases are sized to
-# last several seconds, so a signal 0.5 s after the phase's MLflow run appears lands inside its work.
+# Where each stop lands, in run order: (round, phase, signal, to the whole process group, seconds after the
+# phase's MLflow run appears). The trainers are sized to last several seconds, so 0.5 s in is inside their
+# steps; collection is over in about a second here, so its signal goes at once (into its model load and first
+# batch), and the test checks that the phase did not finish first.
 STOPS = [
-    (0, "policy", signal.SIGINT, True),  # SFT; Ctrl-C in a terminal reaches Prefect's server too
-    (0, "collect", signal.SIGTERM, False),  # `timeout`, Kubernetes
-    (0, "reward_model", signal.SIGTERM, True),  # systemd stopping the whole unit
-    (1, "policy", signal.SIGINT, False),  # GRPO
+    (0, "policy", signal.SIGINT, True, 0.5),  # SFT; Ctrl-C in a terminal reaches Prefect's server too
+    (0, "collect", signal.SIGTERM, False, 0.0),  # `timeout`, Kubernetes
+    (0, "reward_model", signal.SIGTERM, True, 0.5),  # systemd stopping the whole unit
+    (1, "policy", signal.SIGINT, False, 0.5),  # GRPO
 ]
 
 
 def _config(tmp_path) -> dict:
     return mini_config(
         tmp_path, run={"rounds": 1},
-        bootstrap={"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 6, "per_device_train_batch_size": 32}},
-        grpo={"max_steps": 6},
+        bootstrap={"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 4, "per_device_train_batch_size": 32}},
+        grpo={"max_steps": 4},
         collect={"prompts_per_round": 16},
-        reward_model={"train_args": {"learning_rate": 1e-3, "num_train_epochs": 4, "per_device_train_batch_size": 8}},
+        reward_model={"train_args": {"learning_rate": 1e-3, "num_train_epochs": 3, "per_device_train_batch_size": 8}},
     )
 
 
@@ -144,8 +146,8 @@ def test_signals_in_each_phase_then_resume(tmp_path, prefect_harness):
     data = _config(tmp_path / "stopped")
     cfg = config_from_dict(data)
     manifest = cfg.run_dir / "manifest.json"
-    for r, phase, signum, group in STOPS:
-        stopped = sigkill_run(tmp_path, data, ready=_inside(manifest, r, phase), settle=0.5, signum=signum,
+    for r, phase, signum, group, settle in STOPS:
+        stopped = sigkill_run(tmp_path, data, ready=_inside(manifest, r, phase), settle=settle, signum=signum,
                               group=group)
         where = f"{signal.Signals(signum).name} in round {r}'s {phase}"
         assert stopped.reached, f"the run ended before {where}:\n{stopped.log}"
