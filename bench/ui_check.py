@@ -7,6 +7,7 @@
 Needs Debian's `chromium` (`apt-get install chromium`) and Playwright (`pip install -e ".[ui]"`; it drives the
 system's Chromium and downloads no browser). It starts `mlflow ui` on a free localhost port (stopped by its own
 pid at the end), loads pages in headless Chromium and saves:
+- `mlflow_experiment.png`: the experiment's runs, in the model-training view;
 - `mlflow_charts.png`: the parent run's model metrics (Pass@K, Maj@K, greedy, RM quality; step = round);
 - `mlflow_samples.png`: the last round's sample table (`samples/eval.json`, prompt, completion, answer,
   verifier, PRM step scores, ORM score) in the run's artifact view.
@@ -99,11 +100,23 @@ def browser():
             b.close()
 
 
+# MLflow 3.17's UI takes its view (GenAI or model training) from its own switch, not from the experiment's kind
+# tag (which earlier 3.x read, and `tracking.connect` sets): this URL parameter sets the switch for a page.
+TRAINING_VIEW = "?workflowType=machine_learning"
+
+
 def shoot(page, url: str, png: Path, wait_for: str, search: str | None = None, names: tuple[str, ...] = ()) -> list[str]:
-    """Open `url`, wait for the text `wait_for`, optionally type `search` into the metric search box, let the
-    charts draw, close MLflow's assistant panel, screenshot to `png`. Returns the `names` not on the page."""
-    page.goto(url)
-    page.get_by_text(wait_for).first.wait_for(timeout=90_000)
+    """Open `url` in the model-training view, wait for the text `wait_for` (and for a runs table to fill),
+    optionally type `search` into the metric search box, let the charts draw, close MLflow's assistant
+    panel, screenshot to `png`. Returns the `names` not on the page."""
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    page.goto(url + TRAINING_VIEW)
+    try:
+        page.get_by_text(wait_for).first.wait_for(timeout=90_000)
+        page.wait_for_function("() => !document.body.innerText.includes('0 matching runs')", timeout=90_000)
+    except PageTimeout:
+        return [f"{wait_for!r} (the page never showed it)"]
     if search:
         box = page.get_by_placeholder("Search metric charts")
         box.wait_for(timeout=60_000)
@@ -137,6 +150,11 @@ def main(argv=None) -> int:
     failed = []
     with mlflow_ui(store, work) as url, browser() as page:
         base = f"{url}/#/experiments/{exp.experiment_id}/runs"
+        png = out / "mlflow_experiment.png"
+        missing = shoot(page, f"{url}/#/experiments/{exp.experiment_id}", png, "matching run",
+                        names=(parent.info.run_name,))
+        print(f"experiment {experiment}: {png}  " + ("ok" if not missing else f"MISSING {missing}"))
+        failed += missing
         png = out / "mlflow_charts.png"
         missing = shoot(page, f"{base}/{parent.info.run_id}/model-metrics", png, "Model metrics", search="eval/",
                         names=("maj_at_4", "pass_at_4", "greedy"))
