@@ -230,12 +230,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def lock_holder(run_dir: str | os.PathLike) -> int | None:
-    """The pid of a live process holding `run_dir`'s lock, or None (no lock, or a stale one)."""
+def _lock_pid(run_dir: str | os.PathLike) -> int | None:
+    """The pid written in `run_dir`'s lock, or None (no lock, or an unreadable one)."""
     try:
-        pid = int(RunDir(run_dir).lock.read_text().strip() or 0)
+        return int(RunDir(run_dir).lock.read_text().strip() or 0) or None
     except (OSError, ValueError):
         return None
+
+
+def lock_holder(run_dir: str | os.PathLike) -> int | None:
+    """The pid of a live process holding `run_dir`'s lock, or None (no lock, or a stale one)."""
+    pid = _lock_pid(run_dir)
     return pid if pid and pid != os.getpid() and _pid_alive(pid) else None
 
 
@@ -247,10 +252,8 @@ def refuse_if_locked(run_dir: str | os.PathLike) -> None:
 
 def release_lock(run_dir: str | os.PathLike) -> None:
     """Remove `run_dir`'s lock if this process holds it."""
-    lock = RunDir(run_dir).lock
-    with contextlib.suppress(OSError, ValueError):
-        if int(lock.read_text().strip() or 0) == os.getpid():
-            lock.unlink()
+    if _lock_pid(run_dir) == os.getpid():
+        RunDir(run_dir).lock.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

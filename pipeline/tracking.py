@@ -6,8 +6,8 @@ into the phase run made active around them.
 
 MLflow forbids '@' in metric names, so Pass@K and Maj@K are logged as `eval/pass_at_K`, `eval/maj_at_K`.
 MLflow also reserves the alias `latest`; `models:/<name>/latest` already resolves to the newest version.
-MLflow 3 opens an experiment in the view its kind tag names (GenAI's traces, or model training's runs and
-charts); `connect` sets model training where nobody chose a kind.
+`connect` gives the experiment MLflow 3's model-training kind tag where nobody chose a kind (MLflow 3.17's UI
+picks its view from its own GenAI / Model training switch instead: README, Tracking).
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def run_status(run_id: str) -> str | None:
 
 def reopen(run_id: str) -> None:
     """A resumed run is RUNNING again (it was ended KILLED or FAILED when its process stopped)."""
-    if MlflowClient().get_run(run_id).info.status != "RUNNING":
+    if run_status(run_id) not in (None, "RUNNING"):
         MlflowClient().update_run(run_id, status="RUNNING")
 
 
