@@ -1,0 +1,184 @@
+"""What limits the PRM's step AUC against gold (issue 16, point 4): a small study on one run's shards.
+
+Each variant (a few `reward_model.*` settings, or a change to the training rows) retrains the PRM round after
+round exactly as the pipeline's reward-model phase does (`train_reward_model` on the round's shard minus its
+held-out slice plus the replay, warm-started from the variant's own previous round unless cold), on the
+shards of a finished run (`--run`: its collection does not depend on the PRM when the run's supervision is
+the verifier's, so every variant sees the same data). Each PRM is judged by step AUC against the gold labels
+on two sets:
+
+  held-out  the pipeline's held-out slice of the round's shard (~150 samples, ~500 steps: the figure
+            `prm/step_auc_gold` the pipeline logs, and noisy)
+  test      the round's policy sampled on the held-out test problems (`--samples` each at the eval
+            temperature), gold labels computed exactly: thousands of steps, the figure to decide on
+
+Variants: default (the run's settings), hard (HE targets), lr1e-4 / lr1e-3, epochs3 / epochs12, cold (each
+round from the policy, not the previous PRM), half (half the round's training rows: is it data-bound?),
+balanced (samples with a step HE labels wrong oversampled to half the rows: class balance). The backbone is the
+policy's by design (its capacity is the policy's), so it is not a variant here.
+
+  python bench/prm_study.py --run runs/experiments/verifier-s0          # ~15 min on 2 cores
+  python bench/prm_study.py --run ... --only default --only hard        # some variants
+Results: `<run>/prm_study/results.json` (resumable: finished variant-rounds are kept), a table on stdout;
+bench/experiments.py's report puts the table in docs/results.md when the file exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _common import ROOT  # noqa: F401  (sets sys.path, quiet warnings and tqdm)
+
+from pipeline.config import config_from_dict  # noqa: E402
+from pipeline.rundir import Manifest, RunDir, read_json, write_json_atomic  # noqa: E402
+
+VARIANTS: dict[str, list[str]] = {
+    "default": [],
+    "hard": ["reward_model.target=hard"],
+    "lr1e-4": ["reward_model.train_args.learning_rate=1e-4"],
+    "lr1e-3": ["reward_model.train_args.learning_rate=1e-3"],
+    "epochs3": ["reward_model.train_args.num_train_epochs=3"],
+    "epochs12": ["reward_model.train_args.num_train_epochs=12"],
+    "cold": ["reward_model.warm_start=false"],
+    "half": [],
+    "balanced": [],
+}
+ROW_CHANGES = {"half", "balanced"}  # variants that change the training rows, not the config
+
+
+def training_rows(variant: str, rows: list[dict], seed: int) -> list[dict]:
+    """The pipeline's training rows, or the variant's change of them."""
+    rng = random.Random(seed)
+    if variant == "half":
+        return rng.sample(rows, len(rows) // 2)
+    if variant == "balanced":
+        # By the MC labels (HE), what a task without gold labels has too.
+        wrong = [r for r in rows if 0 in r["he_labels"]]
+        right = [r for r in rows if 0 not in r["he_labels"]]
+        if wrong and len(wrong) < len(right):
+            wrong = wrong + rng.choices(wrong, k=len(right) - len(wrong))
+        return right + wrong
+    return rows
+
+
+def step_auc_gold(scorer, problem_set, prompts: list[str], completions: list[str], problems: list) -> dict:
+    """Step AUC of the PRM against gold labels, and the solution AUC (min over steps) against the verifier."""
+    from pipeline.reward_model import auc
+
+    steps = scorer.step_scores(prompts, completions)
+    pairs = []
+    for sc, text, p in zip(steps, completions, problems):
+        gold = problem_set.gold_step_labels(text, p)
+        if gold and len(gold) == len(sc):
+            pairs += list(zip(sc, gold))
+    outcome = [int(problem_set.is_correct(t, p)) for t, p in zip(completions, problems)]
+    return {"step_auc_gold": auc(*zip(*pairs)), "steps": len(pairs),
+            "wrong_step_share": 1 - sum(g for _, g in pairs) / max(len(pairs), 1),
+            "solution_auc": auc([min(s) if s else 0.0 for s in steps], outcome)}
+
+
+def test_samples(cfg, run: Path, r: int, n: int, cache: Path) -> dict:
+    """Round r's policy sampled n times on every held-out test problem (cached: the same set for every variant)."""
+    if cache.exists():
+        return read_json(cache)
+    from pipeline.generation import load_sampling_model, sample
+    from pipeline.problems import problem_set_from_config
+    from pipeline.prompts import renderer_from_config
+
+    ps = problem_set_from_config(cfg)
+    problems = ps.test[: cfg.eval.num_problems]
+    model, tok = load_sampling_model(str(RunDir(run).policy(r)), "hf", {})
+    prompts = [renderer_from_config(cfg, tok).render(p) for p in problems]
+    e = cfg.eval
+    out = sample(model, tok, prompts, n, temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens,
+                 batch_size=e.batch_size, seed=10_007 + r)
+    data = {"problem": [i for i, texts in enumerate(out.texts) for _ in texts],
+            "prompt": [prompts[i] for i, texts in enumerate(out.texts) for _ in texts],
+            "completion": [t for texts in out.texts for t in texts]}
+    write_json_atomic(cache, data)
+    return data
+
+
+def study_round(cfg, variant: str, run: Path, r: int, prev: str | None, out: Path, samples: int) -> dict:
+    """Train the variant's PRM of round r and measure it; returns its figures and checkpoint."""
+    from pipeline.problems import problem_set_from_config
+    from pipeline.replay import ReplayBuffer
+    from pipeline.reward_model import load_scorer, split_holdout, train_reward_model
+
+    rm, seed = cfg.reward_model, cfg.run.seed + r
+    buffer = ReplayBuffer(run)
+    rows, held = split_holdout(buffer.read(r), rm.holdout_fraction, seed)
+    rows = training_rows(variant, rows + buffer.sample_history(rm.replay_fraction, r, seed=seed), seed)
+    init = Manifest.load(run).output(r, "policy")["path"]
+    warm = bool(rm.warm_start and prev)
+    start = time.perf_counter()
+    path = train_reward_model(cfg, "prm", rows, prev if warm else init, out / variant / f"round-{r:03d}", warm)
+    seconds = time.perf_counter() - start
+    ps = problem_set_from_config(cfg)
+    by_id = {p.id: p for p in [*ps.train, *ps.test]}
+    scorer = load_scorer("prm", path, rm, cfg.eval.batch_size)
+    test = test_samples(cfg, run, r, samples, out / f"test-samples-round-{r:03d}.json")
+    tests = ps.test[: cfg.eval.num_problems]
+    return {"checkpoint": str(path), "train_rows": len(rows), "train_seconds": seconds,
+            "held_out": step_auc_gold(scorer, ps, [x["prompt"] for x in held], [x["completion"] for x in held],
+                                      [by_id[x["prompt_id"]] for x in held]),
+            "test": step_auc_gold(scorer, ps, test["prompt"], test["completion"], [tests[i] for i in test["problem"]])}
+
+
+def table(results: dict, rounds: list[int]) -> str:
+    """Markdown: step AUC against gold per variant and round, on the test samples (held-out slice in brackets)."""
+    head = "| variant | " + " | ".join(f"round {r}" for r in rounds) + " | mean (test) | min (test) | train s/round |"
+    lines = [head, "|" + "---|" * (len(rounds) + 4)]
+    for variant, by_round in results.items():
+        cells, tests, secs = [], [], []
+        for r in rounds:
+            x = by_round.get(str(r))
+            if x is None:
+                cells.append("-")
+                continue
+            tests.append(x["test"]["step_auc_gold"])
+            secs.append(x["train_seconds"])
+            cells.append(f"{x['test']['step_auc_gold']:.3f} ({x['held_out']['step_auc_gold']:.3f})")
+        mean = f"{statistics.mean(tests):.3f}" if tests else "-"
+        low = f"{min(tests):.3f}" if tests else "-"
+        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {mean} | {low} | "
+                     + (f"{statistics.mean(secs):.0f}" if secs else "-") + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run", default="runs/experiments/verifier-s0", help="a finished run directory")
+    ap.add_argument("--only", action="append", choices=list(VARIANTS), help="these variants only (repeatable)")
+    ap.add_argument("--set", action="append", default=[], help="another reward_model override for every variant")
+    ap.add_argument("--samples", type=int, default=8, help="samples per test problem for the test set")
+    a = ap.parse_args()
+    run = Path(a.run)
+    out = run / "prm_study"
+    manifest = Manifest.load(run)
+    rounds = sorted({int(k.split("/")[0].split("-")[1]) for k in manifest.data["phases"] if k.endswith("/collect")})
+    path = out / "results.json"
+    saved = read_json(path) if path.exists() else {"run": str(run), "results": {}}
+    for variant in a.only or list(VARIANTS):
+        cfg = config_from_dict(manifest.data["config"], [*VARIANTS[variant], *a.set], check_trl=False)
+        prev = None
+        for r in rounds:
+            done = saved["results"].setdefault(variant, {}).get(str(r))
+            if done is None:
+                print(f"[{time.strftime('%H:%M:%S')}] {variant} round {r} ...", flush=True)
+                done = study_round(cfg, variant, run, r, prev, out, a.samples)
+                saved["results"][variant][str(r)] = done
+                saved["samples_per_test_problem"] = a.samples
+                write_json_atomic(path, saved)
+            prev = done["checkpoint"]
+    print(table(saved["results"], rounds))
+    print(f"results: {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
