@@ -245,6 +245,10 @@ class RewardModelConfig(Section):
     holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
     train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")
+    oracle: Literal["gold"] | None = Field(None, description=(
+        "gold: GRPO's step rewards are the problem set's exact gold step labels (0/1) instead of the trained "
+        "PRM's scores, the upper bound of a perfect PRM (the RMs are still trained and evaluated each round); "
+        "only where the set has gold step labels (the embedded one). None: the PRM's scores."))
 
     @field_validator("kinds")
     @classmethod
@@ -361,6 +365,22 @@ class PipelineConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _oracle_applies(self):
+        oracle = self.reward_model.oracle
+        if oracle is None:
+            return self
+        if self.supervision.mode not in _STEP_REWARD_MODES:
+            raise ValueError(f"reward_model.oracle: {oracle!r} replaces the PRM's step rewards, which only supervision."
+                             f"mode {' or '.join(map(repr, _STEP_REWARD_MODES))} uses, not {self.supervision.mode!r}; "
+                             "drop reward_model.oracle or change the mode")
+        with_gold = [kind for kind, p in PROBLEM_SETS.items() if p.problem_set.has_gold_step_labels]
+        if self.problems.kind not in with_gold:
+            raise ValueError(f"reward_model.oracle: {oracle!r} needs gold step labels, which problems.kind "
+                             f"{self.problems.kind!r} does not have (kinds with them: {', '.join(with_gold)}); "
+                             "drop reward_model.oracle")
+        return self
+
+    @model_validator(mode="after")
     def _grpo_fits_mode(self):
         # A TRL option whose effect the mode replaces would be silently ignored: refuse it, with the reason.
         lines = [f"grpo.{key}: {reason}" for key, (modes, reason) in _REPLACED_GRPO_FIELDS.items()
@@ -389,6 +409,9 @@ class PipelineConfig(Section):
     def run_dir(self) -> Path:
         return Path(self.run.runs_dir) / self.run.name
 
+
+# Supervision modes whose GRPO advantages come from PRM step rewards, which `reward_model.oracle` replaces.
+_STEP_REWARD_MODES = ("process",)
 
 _WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}  # the setting that needs no extra
 

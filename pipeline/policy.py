@@ -29,7 +29,7 @@ from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_spec
-from pipeline.scorers import PrmScorer
+from pipeline.scorers import GoldStepScorer, PrmScorer
 from pipeline.steps import step_token_ends, token_spans
 
 
@@ -212,8 +212,11 @@ def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, scorers: Ma
 
 def reward_models_needed(cfg: PipelineConfig) -> dict[str, str]:
     """The RM kinds the GRPO phase loads, each with the setting that needs it: the PRM in process mode, and
-    the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome mode)."""
+    the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome mode). With
+    `reward_model.oracle` the gold step labels replace the PRM's scores: no PRM is loaded for them."""
     needed = {"prm": "process supervision"} if cfg.supervision.mode == "process" else {}
+    if cfg.reward_model.oracle is not None:
+        needed.pop("prm", None)
     for name in active_rewards(cfg.supervision.mode, cfg.supervision.rewards):
         kind = reward_spec(name).reward_model
         if kind is not None:
@@ -235,7 +238,8 @@ def run_policy_phase(
 
     The reference model is the round's starting policy (π_ref ← π_θ): TRL loads it from the same path.
     `reward_models`: RM kind -> checkpoint, for those the mode and rewards need (`reward_models_needed`):
-    the PRM in process mode, the ORM for an `orm` reward; others are ignored.
+    the PRM in process mode, the ORM for an `orm` reward; others are ignored. With `reward_model.oracle:
+    gold` the step rewards are the gold step labels of each prompt's problem (`GoldStepScorer`), no PRM.
     """
     mode = cfg.supervision.mode
     # Reward models first: a wrong path or a wrong kind fails before any training.
@@ -244,11 +248,11 @@ def run_policy_phase(
         if (reward_models or {}).get(kind) is None:
             raise ValueError(f"{why} needs {kind_name(kind)}: give --reward-model PATH")
         scorers[kind] = load_scorer(kind, reward_models[kind], cfg.reward_model, batch_size=cfg.collect.batch_size)
-    prm = scorers.get("prm")
     funcs, weights = build_reward_funcs(cfg, problem_set, scorers)
     tokenizer = load_tokenizer(str(policy_path))
     data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index,
                          renderer=renderer_from_config(cfg, tokenizer))
+    prm = GoldStepScorer.from_rows(problem_set, data) if cfg.reward_model.oracle == "gold" else scorers.get("prm")
 
     lo = cfg.policy.lora
     peft_config = lora_config(lo.r, lo.alpha, lo.dropout, lo.target_modules, "CAUSAL_LM") if lo else None

@@ -4,7 +4,8 @@ Shared by GRPO (process advantages, the ORM reward), RM evaluation and the eval 
 reward-hacking monitor). Every scorer is called as `scorer(prompts, completions) -> list[float]`, one
 solution score per (prompt, completion); the PRM also gives its step scores (`PrmScorer.step_scores`).
 `scorer.scores(prompts, completions)` gives both from one pass (`Scores`: the step scores only where the
-kind has them), for the eval phase, which keeps them for MLflow's sample tables.
+kind has them), for the eval phase, which keeps them for MLflow's sample tables. `GoldStepScorer` gives
+GRPO a problem set's gold step labels in the PRM's place (`reward_model.oracle: gold`).
 Which scorer a reward-model kind has, and how a checkpoint becomes one, is `pipeline.reward_model.RM_KINDS`.
 
 A non-finite score is an error naming the sample (a broken checkpoint), never masked.
@@ -13,13 +14,14 @@ A non-finite score is an error naming the sample (a broken checkpoint), never ma
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from pipeline.problems.base import Problem, ProblemSet
 from pipeline.rewards import RewardError
-from pipeline.steps import step_token_ends
+from pipeline.steps import scored_step_ends, step_token_ends
 
 
 def _forward(model, tokenizer, texts: list[str], batch_size: int, offsets: bool):
@@ -101,6 +103,58 @@ class PrmScorer:
         """The solution scores (the scorer's aggregation) with the step scores they come from, in one pass."""
         steps = self.step_scores(prompts, completions)
         return Scores([aggregate(s, self.aggregation) for s in steps], steps)
+
+
+class GoldStepScorer:
+    """The oracle PRM (`reward_model.oracle: gold`): a problem set's exact gold 0/1 step labels as step scores.
+
+    `step_scores` is `PrmScorer.step_scores`'s interface, one score per step end a PRM reads
+    (`steps.scored_step_ends`), so GRPO's process supervision takes it in the PRM's place unchanged (the
+    trainer locates the same steps on the policy's tokens, `policy.completion_steps`, and merges those ending
+    on one token, `policy.dedupe_steps`: the last one's label wins, as the last one's score does for a PRM).
+    `gold_step_labels` labels the steps of `steps.split_steps`, the non-blank lines, which are the lines
+    `steps.step_spans` keeps too (both test `line.strip()`), so the counts agree on every non-blank text. A
+    blank completion (empty, or only whitespace) has no gold steps but one score read at its last character:
+    it gets one label, 0 (an empty answer takes no correct step). Any other count that differs is an error.
+
+    Args:
+        problem_set: the set whose `gold_step_labels` judge the completions (`has_gold_step_labels`).
+        problems: prompt text -> the problem it states, for every prompt the trainer will score after
+            (`from_rows`: the round's GRPO dataset).
+    """
+
+    def __init__(self, problem_set: ProblemSet, problems: Mapping[str, Problem]):
+        if not problem_set.has_gold_step_labels:
+            raise ValueError(f"{problem_set.name}: has no gold step labels, so it cannot be the oracle PRM")
+        self.problem_set, self.problems = problem_set, dict(problems)
+
+    @classmethod
+    def from_rows(cls, problem_set: ProblemSet, rows: Iterable[Mapping]) -> GoldStepScorer:
+        """From GRPO's dataset (`policy.round_prompts`): each row's `prompt_text` and the training problem `prompt_id`."""
+        by_id = {p.id: p for p in problem_set.train}
+        problems: dict[str, Problem] = {}
+        for row in rows:
+            if row["prompt_id"] not in by_id:
+                raise ValueError(f"prompt_id {row['prompt_id']!r}: not a training problem of {problem_set.name}")
+            problem = problems.setdefault(row["prompt_text"], by_id[row["prompt_id"]])
+            if problem.id != row["prompt_id"]:  # one text, two problems: which labels would be ambiguous
+                raise ValueError(f"prompt_id {row['prompt_id']!r} and {problem.id!r} have the same prompt text")
+        return cls(problem_set, problems)
+
+    def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
+        return [self.labels(p, c) for p, c in zip(prompts, completions)]
+
+    def labels(self, prompt: str, completion: str) -> list[float]:
+        """The gold label of each step of `completion` (one per `scored_step_ends`), the problem found by `prompt`."""
+        problem = self.problems.get(prompt)
+        if problem is None:
+            raise ValueError(f"oracle PRM: no problem has the prompt {prompt[:60]!r} (not among the round's prompts)")
+        gold = self.problem_set.gold_step_labels(completion, problem) if completion.strip() else [0]
+        ends = scored_step_ends(completion)
+        if len(gold) != len(ends):
+            raise ValueError(f"oracle PRM: {len(gold)} gold labels but {len(ends)} steps in {completion[:60]!r} "
+                             f"({problem.id}): the problem set splits steps unlike pipeline.steps")
+        return [float(v) for v in gold]
 
 
 def aggregate(step_scores: Sequence[float], how: str = "min") -> float:

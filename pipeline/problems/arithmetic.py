@@ -401,4 +401,5 @@ def _from_config(section: ArithmeticConfig, seed: int) -> EmbeddedArithmetic:
     return EmbeddedArithmetic(seed=seed, **section.model_dump())
 
 
-PROBLEM_SET = ProblemSetKind("arithmetic", ArithmeticConfig, _from_config, "The embedded problem set.")
+PROBLEM_SET = ProblemSetKind("arithmetic", ArithmeticConfig, _from_config, "The embedded problem set.",
+                             EmbeddedArithmetic)

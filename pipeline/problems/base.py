@@ -105,9 +105,12 @@ class ProblemSetKind:
         config: its config section (``problems.<kind>.*`` in YAML and in the README's config reference).
         build: (its config section, the run seed) -> the problem set.
         description: one line for the section.
+        problem_set: the class `build` returns, so what it can judge (``has_gold_step_labels``) is known at
+            config load, before building the set (GSM8K's reads the hub).
     """
 
     kind: str
     config: type[ProblemSetConfig]
     build: Callable[[ProblemSetConfig, int], ProblemSet]
     description: str
+    problem_set: type[ProblemSet]

@@ -248,7 +248,7 @@ def _from_config(section: GSM8KConfig, seed: int) -> GSM8K:
     return GSM8K.from_hub(name=section.hub_name, num_train=section.num_train, num_test=section.num_test)
 
 
-PROBLEM_SET = ProblemSetKind("gsm8k", GSM8KConfig, _from_config, "GSM8K from local jsonl or the hub.")
+PROBLEM_SET = ProblemSetKind("gsm8k", GSM8KConfig, _from_config, "GSM8K from local jsonl or the hub.", GSM8K)
 
 
 def _timeout() -> int | None:
