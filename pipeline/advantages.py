@@ -1,4 +1,5 @@
-"""GRPO advantages: outcome supervision (one scalar per completion), process supervision (per step), Online RFT.
+"""GRPO advantages: outcome supervision (one scalar per completion), process supervision (per step, sum or
+min credit), hybrid (outcome plus weighted process), Online RFT.
 
 Both follow DeepSeekMath (arXiv 2402.03300) §4.1.2 and §4.1.3, with TRL's numerical conventions so that
 outcome advantages computed here equal the ones `GRPOTrainer` computes itself:
@@ -26,6 +27,8 @@ STD_EPS = 1e-4
 """Added to the std before dividing (TRL's constant), so equal rewards give 0, not NaN."""
 
 SCALES = ("group", "batch", "none")
+CREDITS = ("sum", "min")
+"""How a token's process advantage gathers the normalised rewards of the steps ending at or after it."""
 
 
 def _check_group_size(batch_size: int, group_size: int) -> None:
@@ -141,48 +144,10 @@ def _validate_process_inputs(
             previous = end
 
 
-def process_advantages(
-    step_rewards: Sequence[Sequence[float]],
-    step_ends: Sequence[Sequence[int]],
-    length: int,
-    group_size: int,
-    scale: str = "group",
-) -> Tensor:
-    """Per-token advantages from per-step PRM rewards (DeepSeekMath §4.1.3, process supervision).
-
-    All step rewards of one group (the `group_size` consecutive completions of one prompt) are normalised
-    together, `r~ = (r - mean) / (std + 1e-4)` with mean and unbiased std over every step of every
-    completion of the group (std 0 when the group has a single step). `scale` is TRL's `scale_rewards`
-    carried over to steps: "group" as above, "batch" divides by the std of every step of the batch (still
-    centred on the group's mean, as TRL does), "none" only centres. Token t of completion i then gets the
-    sum of the normalised rewards of its steps that end at or after t:
-
-        A[i, t] = sum_{j : step_ends[i][j] >= t} r~[i][j]
-
-    so the first tokens carry the whole solution's signal and the tokens after the last step end get 0
-    (GRPO first moves the last step's end onto the eos, `extend_last_step`).
-    Worked example (DeepSeekMath §4.1.3 process supervision): group steps [0.5, 1, 1, 1], [0.5, 0], [1] -> mean 0.714, std 0.393,
-    output 1 normalised [-0.545, 0.726, 0.726, 0.726], its tokens get 1.634, 2.179, 1.453, 0.726 by step.
-
-    Args:
-        step_rewards: B lists; `step_rewards[i][j]` is the PRM reward of step j of completion i. A
-            completion with no steps gets an all-zero row and does not count in its group's statistics.
-        step_ends: B lists, same lengths as `step_rewards`; `step_ends[i][j]` is the 0-based index
-            (inclusive) of step j's last token in the completion, strictly increasing, in [0, length).
-        length: T, the padded completion length of the batch.
-        group_size: G, completions per prompt; B must be a multiple of it.
-        scale: "group" (default), "batch" or "none".
-
-    Returns:
-        (B, T) float32 advantages, ready for TRL's `(B, T)` advantages hook.
-
-    Raises:
-        ValueError: mismatched list lengths, step ends not increasing or out of range, or a non-finite
-            reward (naming completion i and step j); a bad `group_size`, `length` or `scale`.
-    """
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    _validate_process_inputs(step_rewards, step_ends, length, group_size)
+def _normalised_steps(
+    step_rewards: Sequence[Sequence[float]], step_ends: Sequence[Sequence[int]], group_size: int, scale: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every step of the batch flattened, (S,) each: its completion, its end token, its normalised reward."""
     batch_size = len(step_rewards)
 
     # Flatten every step of the batch into one vector; each step keeps its completion, group and end.
@@ -208,12 +173,80 @@ def process_advantages(
         squares = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, centred**2)
         std = torch.where(n > 1, (squares / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))  # (N,)
         normalised = centred / (std[group] + STD_EPS)  # (S,)
+    return completion, end, normalised
 
-    # Put each normalised reward at its step's last token, then a reverse cumulative sum along T gives
-    # every token the sum over the steps ending at or after it (and 0 after the last step end).
-    at_ends = torch.zeros(batch_size, length, dtype=torch.float64)  # (B, T)
-    at_ends[completion, end] = normalised  # ends are unique within a row, so no accumulation is needed
-    advantages = at_ends.flip(1).cumsum(1).flip(1)  # (B, T)
+
+def process_advantages(
+    step_rewards: Sequence[Sequence[float]],
+    step_ends: Sequence[Sequence[int]],
+    length: int,
+    group_size: int,
+    scale: str = "group",
+    credit: str = "sum",
+) -> Tensor:
+    """Per-token advantages from per-step PRM rewards (DeepSeekMath §4.1.3, process supervision).
+
+    All step rewards of one group (the `group_size` consecutive completions of one prompt) are normalised
+    together, `r~ = (r - mean) / (std + 1e-4)` with mean and unbiased std over every step of every
+    completion of the group (std 0 when the group has a single step). `scale` is TRL's `scale_rewards`
+    carried over to steps: "group" as above, "batch" divides by the std of every step of the batch (still
+    centred on the group's mean, as TRL does), "none" only centres. Token t of completion i then gets the
+    sum of the normalised rewards of its steps that end at or after t:
+
+        A[i, t] = sum_{j : step_ends[i][j] >= t} r~[i][j]
+
+    so the first tokens carry the whole solution's signal and the tokens after the last step end get 0
+    (GRPO first moves the last step's end onto the eos, `extend_last_step`).
+    Worked example (DeepSeekMath §4.1.3 process supervision): group steps [0.5, 1, 1, 1], [0.5, 0], [1] -> mean 0.714, std 0.393,
+    output 1 normalised [-0.545, 0.726, 0.726, 0.726], its tokens get 1.634, 2.179, 1.453, 0.726 by step.
+
+    `credit="min"` is PURE's min-form credit assignment (arXiv 2504.15275, "Stop Summation"): token t gets
+    the *minimum* of the normalised rewards of its steps ending at or after t, so its credit is tied to the
+    weakest step still ahead of it and cannot be collected from many mediocre steps (the paper's reward
+    hacking of summed PRM returns); again 0 after the last step end and for a completion without steps:
+
+        A[i, t] = min_{j : step_ends[i][j] >= t} r~[i][j]
+
+    Worked example, the same group: output 1's tokens get -0.545 (step 1: min of all four), 0.726, 0.726,
+    0.726 by step; output 2's [-0.545, -1.816] give -1.816 on both steps; output 3 gets 0.726.
+
+    Args:
+        step_rewards: B lists; `step_rewards[i][j]` is the PRM reward of step j of completion i. A
+            completion with no steps gets an all-zero row and does not count in its group's statistics.
+        step_ends: B lists, same lengths as `step_rewards`; `step_ends[i][j]` is the 0-based index
+            (inclusive) of step j's last token in the completion, strictly increasing, in [0, length).
+        length: T, the padded completion length of the batch.
+        group_size: G, completions per prompt; B must be a multiple of it.
+        scale: "group" (default), "batch" or "none".
+        credit: "sum" (default, DeepSeekMath) or "min" (PURE).
+
+    Returns:
+        (B, T) float32 advantages, ready for TRL's `(B, T)` advantages hook.
+
+    Raises:
+        ValueError: mismatched list lengths, step ends not increasing or out of range, or a non-finite
+            reward (naming completion i and step j); a bad `group_size`, `length`, `scale` or `credit`.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if credit not in CREDITS:
+        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+    _validate_process_inputs(step_rewards, step_ends, length, group_size)
+    batch_size = len(step_rewards)
+    completion, end, normalised = _normalised_steps(step_rewards, step_ends, group_size, scale)  # (S,) each
+
+    # Put each normalised reward at its step's last token, then a reverse cumulative sum (min) along T
+    # gives every token the sum (min) over the steps ending at or after it, and 0 after the last step end.
+    if credit == "sum":
+        at_ends = torch.zeros(batch_size, length, dtype=torch.float64)  # (B, T)
+        at_ends[completion, end] = normalised  # ends are unique within a row, so no accumulation is needed
+        advantages = at_ends.flip(1).cumsum(1).flip(1)  # (B, T)
+    else:
+        # min: +inf elsewhere is neutral for a reverse cumulative min; what stays +inf has no step ahead: 0.
+        at_ends = torch.full((batch_size, length), math.inf, dtype=torch.float64)  # (B, T)
+        at_ends[completion, end] = normalised
+        advantages = at_ends.flip(1).cummin(1).values.flip(1)  # (B, T)
+        advantages = torch.where(torch.isinf(advantages), torch.zeros_like(advantages), advantages)
     return advantages.to(torch.float32)  # (B, T)
 
 
@@ -266,16 +299,86 @@ def advantage_stats(advantages: Tensor, lengths: Sequence[int]) -> dict[str, flo
     >>> advantage_stats(torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0]]), [2, 1])
     {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0}
     """
-    if advantages.dim() == 1:
-        width = max([int(n) for n in lengths], default=0)
-        advantages = advantages.unsqueeze(1).expand(-1, max(width, 1))  # (B, T)
-    if advantages.shape[0] != len(lengths):
-        raise ValueError(f"advantages have {advantages.shape[0]} rows but lengths has {len(lengths)}")
-    positions = torch.arange(advantages.shape[1]).unsqueeze(0)  # (1, T)
-    mask = positions < torch.tensor([int(n) for n in lengths]).unsqueeze(1)  # (B, T)
-    used = advantages.detach().cpu().double()[mask]  # (tokens,)
+    used = _loss_tokens(advantages, lengths)  # (tokens,)
     if used.numel() == 0:
         nan = float("nan")
         return {"mean": nan, "std": nan, "min": nan, "max": nan}
     std = used.std().item() if used.numel() > 1 else 0.0
     return {"mean": used.mean().item(), "std": std, "min": used.min().item(), "max": used.max().item()}
+
+
+def _loss_tokens(advantages: Tensor, lengths: Sequence[int], width: int | None = None) -> Tensor:
+    """The float64 advantages of the tokens in the loss (`t < lengths[i]`), row after row; a (B,) tensor is
+    one advantage per completion, repeated over its tokens (`width` of them at most, default the longest)."""
+    if advantages.dim() == 1:
+        width = width if width is not None else max([int(n) for n in lengths], default=0)
+        advantages = advantages.unsqueeze(1).expand(-1, max(width, 1))  # (B, T)
+    if advantages.shape[0] != len(lengths):
+        raise ValueError(f"advantages have {advantages.shape[0]} rows but lengths has {len(lengths)}")
+    positions = torch.arange(advantages.shape[1]).unsqueeze(0)  # (1, T)
+    mask = positions < torch.tensor([int(n) for n in lengths]).unsqueeze(1)  # (B, T)
+    return advantages.detach().cpu().double()[mask]  # (tokens,)
+
+
+def _check_hybrid_inputs(outcome: Tensor, process: Tensor, weight: float) -> None:
+    if outcome.dim() != 1 or process.dim() != 2 or process.shape[0] != outcome.shape[0]:
+        raise ValueError(f"outcome must have shape (B,) and process (B, T), got {tuple(outcome.shape)} "
+                         f"and {tuple(process.shape)}")
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"process weight must be a finite number >= 0, got {weight}")
+
+
+def hybrid_advantages(outcome: Tensor, process: Tensor, weight: float) -> Tensor:
+    """Hybrid supervision: the outcome advantage on every token plus `weight` times the process advantage.
+
+        A[i, t] = A_outcome[i] + w * A_process[i, t]
+
+    The verifier's group-normalised outcome advantage keeps the answer's signal on every token; the PRM's
+    process term (`process_advantages`, sum or min credit) adds credit by step. PURE (arXiv 2504.15275)
+    reports its best results with a small share of verifier reward mixed into PRM rewards; this mixes the
+    advantages instead, so each keeps its own normalisation. `weight` 0 is outcome supervision exactly.
+    Worked example: outcome [0.577, -1.155, 0.577] (verifier [1, 0, 1]) and the min-credit process
+    advantages of DeepSeekMath's group (output 1's step 1: -0.545), w = 0.5: output 1's first token gets
+    0.577 + 0.5 * -0.545 = 0.305 (0.30497 unrounded).
+
+    Args:
+        outcome: (B,) one outcome advantage per completion (TRL's, from the verifier).
+        process: (B, T) per-token process advantages.
+        weight: w >= 0.
+
+    Returns:
+        (B, T) float32 advantages (added in float64).
+
+    Raises:
+        ValueError: shapes that do not match, or a weight that is negative or not finite.
+    """
+    _check_hybrid_inputs(outcome, process, weight)
+    combined = outcome.double().unsqueeze(1) + weight * process.double()  # (B, 1) + (B, T) -> (B, T)
+    return combined.to(torch.float32)  # (B, T)
+
+
+def process_variance_share(outcome: Tensor, process: Tensor, weight: float, lengths: Sequence[int]) -> float:
+    """Share of the hybrid advantages' variance carried by the PRM term, over the tokens in the loss.
+
+        share = Var(w * P) / (Var(O) + Var(w * P))
+
+    with O the outcome advantage of each token's completion and P its process advantage, both over the
+    tokens with `t < lengths[i]`. This form, not Var(w * P) / Var(O + w * P): the covariance of the two
+    terms is left out, so the share stays in [0, 1] and grows with w, is 0 at w = 0 (the verifier arm
+    again) and 1 where the outcome has no spread (every group all right or all wrong), whatever the PRM
+    and the verifier agree on. Both variances 0 (no signal at all) gives 0; no token in the loss, NaN.
+
+    Worked example: outcome [1, -1], process [[1, 1], [1, -1]], w = 1, lengths [2, 2]: tokens O [1, 1, -1,
+    -1] (population variance 1), P [1, 1, 1, -1] (mean 0.5, variance 0.75): share 0.75 / 1.75 = 0.4286.
+
+    >>> round(process_variance_share(torch.tensor([1.0, -1.0]), torch.tensor([[1.0, 1.0], [1.0, -1.0]]), 1.0, [2, 2]), 4)
+    0.4286
+    """
+    _check_hybrid_inputs(outcome, process, weight)
+    o = _loss_tokens(outcome, lengths, width=process.shape[1])  # (tokens,)
+    p = weight * _loss_tokens(process, lengths)  # (tokens,)
+    if o.numel() == 0:
+        return float("nan")
+    # Population variances: the normalisation cancels in the ratio; one token has variance 0, not NaN.
+    var_o, var_p = o.var(correction=0).item(), p.var(correction=0).item()
+    return var_p / (var_o + var_p) if var_o + var_p > 0 else 0.0

@@ -158,13 +158,19 @@ class BootstrapConfig(Section):
 
 
 class SupervisionConfig(Section):
-    mode: Literal["outcome", "process", "rft"] = Field("process", description=(
-        "GRPO advantages: outcome, process (PRM), or rft (Online RFT, DeepSeekMath §5.2.1: 1 for a correct "
-        "sample, 0 otherwise; no baseline, no negative advantages)."))
+    mode: Literal["outcome", "process", "hybrid", "rft"] = Field("process", description=(
+        "GRPO advantages: outcome, process (PRM), hybrid (outcome + process_weight x process), or rft (Online "
+        "RFT, DeepSeekMath §5.2.1: 1 for a correct sample, 0 otherwise; no baseline, no negative advantages)."))
     rewards: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=lambda: {"verifier": 1.0}, description=(
-        "Outcome mode: reward function -> weight, e.g. {verifier: 1.0, orm: 0.5} (names: pipeline/rewards.py); "
-        "the verifier runs at weight 0 too, for its logged accuracy. Replaces verifier_weight / orm_weight, "
-        "still read."))
+        "Outcome and hybrid mode: reward function -> weight, e.g. {verifier: 1.0, orm: 0.5} (names: "
+        "pipeline/rewards.py); the verifier runs at weight 0 too, for its logged accuracy. Replaces "
+        "verifier_weight / orm_weight, still read."))
+    process_weight: float = Field(1.0, ge=0, allow_inf_nan=False, description=(
+        "Hybrid mode: w in A = A_outcome + w * A_process (0: outcome mode's advantages); logged: "
+        "hybrid/process_variance_share."))
+    process_credit: Literal["sum", "min"] = Field("sum", description=(
+        "Process and hybrid mode: a token's process advantage is the sum (DeepSeekMath §4.1.3) or the min "
+        "(PURE, arXiv 2504.15275) of the normalised rewards of the steps ending at or after it."))
     prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
 
     @model_validator(mode="before")
@@ -190,12 +196,24 @@ class SupervisionConfig(Section):
 
     @model_validator(mode="after")
     def _some_reward(self):
-        if self.mode == "outcome" and not any(w > 0 for w in self.rewards.values()):
-            raise ValueError("outcome mode needs a weight above 0 in supervision.rewards, e.g. {verifier: 1.0}")
+        if self.mode in ("outcome", "hybrid") and not any(w > 0 for w in self.rewards.values()):
+            raise ValueError(f"{self.mode} mode needs a weight above 0 in supervision.rewards, e.g. {{verifier: 1.0}}")
         others = [name for name, w in self.rewards.items() if name != "verifier" and w > 0]
         if self.mode == "rft" and others:
             raise ValueError(f"rft mode rewards the verifier's correct samples only: drop {', '.join(others)} from "
                              "supervision.rewards (or use mode: outcome to mix them in)")
+        return self
+
+    @model_validator(mode="after")
+    def _process_fields_used(self):
+        # A knob the mode never reads would look as if it did something: refuse it (values, not fields set,
+        # so a stored config with every default written out still loads).
+        default = {name: type(self).model_fields[name].default for name in ("process_weight", "process_credit")}
+        used_by = {"process_weight": ("hybrid",), "process_credit": ("process", "hybrid")}
+        for name, modes in used_by.items():
+            if getattr(self, name) != default[name] and self.mode not in modes:
+                raise ValueError(f"{name} {getattr(self, name)!r} is only used in {' and '.join(modes)} mode, not in "
+                                 f"{self.mode} mode: remove it, or set mode: {modes[-1]}")
         return self
 
 
@@ -353,8 +371,8 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.supervision.mode == "process" and "prm" not in self.reward_model.kinds:
-            raise ValueError("reward_model.kinds must include 'prm' when supervision.mode is 'process'")
+        if self.supervision.mode in ("process", "hybrid") and "prm" not in self.reward_model.kinds:
+            raise ValueError(f"reward_model.kinds must include 'prm' when supervision.mode is '{self.supervision.mode}'")
         for name, weight in self.supervision.rewards.items():
             kind = reward_spec(name).reward_model
             if weight > 0 and kind is not None and kind not in self.reward_model.kinds:
@@ -411,14 +429,15 @@ class PipelineConfig(Section):
 
 
 # Supervision modes whose GRPO advantages come from PRM step rewards, which `reward_model.oracle` replaces.
-_STEP_REWARD_MODES = ("process",)
+_STEP_REWARD_MODES = ("process", "hybrid")
 
 _WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}  # the setting that needs no extra
 
-# grpo: fields that some supervision modes replace, with why (honoured elsewhere: process mode applies
-# scale_rewards to its step rewards, and TRL's mask_truncated_completions leaves masked completions without steps).
+# grpo: fields that some supervision modes replace, with why (honoured elsewhere: process and hybrid mode apply
+# scale_rewards to their step rewards, hybrid's outcome term is TRL's own advantage (multi_objective_aggregation
+# included), and TRL's mask_truncated_completions leaves masked completions without steps).
 _REPLACED_GRPO_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "reward_weights": (("outcome", "process", "rft"), "set by the pipeline from supervision.verifier_weight and "
+    "reward_weights": (("outcome", "process", "hybrid", "rft"), "set by the pipeline from supervision.verifier_weight and "
                        "supervision.orm_weight; set those instead"),
     "scale_rewards": (("rft",), "not used in rft mode: the advantage is the verifier's 0/1 reward itself, with no "
                       "group baseline and no scaling (DeepSeekMath §5.2.1); remove it, or use mode outcome or process"),
@@ -531,8 +550,9 @@ def _check_passthrough(cfg: PipelineConfig) -> None:
             except ValueError as e:
                 raise ConfigError(f"{section}: TRL rejects it: {e}") from None
             _check_types(section, built, cfg.grpo if section == "grpo" else cfg.bootstrap.sft_args)
-            if section == "grpo" and cfg.supervision.mode == "process" and built.num_generations < 2:
-                raise ConfigError("grpo.num_generations: must be at least 2 in process mode (steps are normalised per group)")
+            mode = cfg.supervision.mode
+            if section == "grpo" and mode in ("process", "hybrid") and built.num_generations < 2:
+                raise ConfigError(f"grpo.num_generations: must be at least 2 in {mode} mode (steps are normalised per group)")
 
 
 def _check_types(section: str, built: Any, given: dict[str, Any]) -> None:

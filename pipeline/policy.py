@@ -1,29 +1,39 @@
-"""The GRPO phase: TRL's GRPOTrainer with outcome supervision, process supervision from a PRM, or Online RFT.
+"""The GRPO phase: TRL's GRPOTrainer with outcome supervision, process supervision from a PRM, hybrid, or Online RFT.
 
 Process supervision (DeepSeekMath §4.1.3) needs per-token advantages. TRL's `_compute_loss` accepts
 `(B, T)` advantages from a subclass, so `ProcessGRPOTrainer` overrides only
 `_generate_and_score_completions`: TRL generates and scores as usual, then the PRM scores every step of
 the completions TRL decoded (steps located on the policy's own tokens by `steps.step_token_ends`) and the
 advantages are replaced by `process_advantages` (TRL's `scale_rewards` applied to the step rewards, the eos
-credited with the last step's reward, a completion TRL masked left without steps). Online RFT (§5.2.1)
+credited with the last step's reward, a completion TRL masked left without steps; sum or min credit). Hybrid
+adds them, weighted, to TRL's own outcome advantages (`hybrid_advantages`). Online RFT (§5.2.1)
 replaces them the same way, by the verifier's 0/1 reward (`rft_advantages`), which TRL's `scale_rewards`
 cannot express (it always subtracts the group mean). Everything else (loss types, clipping, KL) is TRL's.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 
 from models import save_model
 from models.factories import kind_name, load_tokenizer, lora_config
-from pipeline.advantages import advantage_stats, extend_last_step, process_advantages, rft_advantages
+from pipeline.advantages import (
+    advantage_stats,
+    extend_last_step,
+    hybrid_advantages,
+    process_advantages,
+    process_variance_share,
+    rft_advantages,
+)
 from pipeline.config import PipelineConfig, grpo_config
 from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
@@ -105,25 +115,31 @@ def process_metrics(step_rewards: Sequence[Sequence[float]], group_size: int) ->
 
 
 class ProcessGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose advantages come from a PRM's step rewards in `process` mode, or are the verifier's
-    0/1 reward in `rft` mode (Online RFT: the first reward function must be the verifier).
+    """GRPOTrainer whose advantages come from a PRM's step rewards in `process` mode, are TRL's outcome
+    advantages plus `process_weight` times those in `hybrid` mode, or are the verifier's 0/1 reward in `rft`
+    mode (Online RFT: the first reward function must be the verifier).
 
-    In both modes the statistics of the advantages used are logged (`process/advantage_mean`, `_std`,
-    `_min`, `_max`, or `rft/...`, over the tokens in the loss), and TRL's completions table shows them
-    (a completion's first-token advantage); TRL's own `reward`, `reward_std` stay the verifier's.
+    In these modes the statistics of the advantages used are logged (`process/advantage_mean`, `_std`,
+    `_min`, `_max`, `hybrid/...` or `rft/...`, over the tokens in the loss), and TRL's completions table
+    shows them (a completion's first-token advantage); TRL's own `reward`, `reward_std` stay the outcome
+    rewards'. Hybrid mode also logs `hybrid/process_variance_share` (`process_variance_share`).
 
     Args:
-        prm_scorer: scores each step of `prompt + completion` (required in process mode).
-        supervision: "outcome" (TRL unchanged), "process" or "rft".
+        prm_scorer: scores each step of `prompt + completion` (required in process and hybrid mode).
+        supervision: "outcome" (TRL unchanged), "process", "hybrid" or "rft".
+        process_credit: "sum" (DeepSeekMath) or "min" (PURE), process and hybrid mode.
+        process_weight: w of hybrid mode, >= 0.
     """
 
-    def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str = "outcome", **kwargs):
-        if supervision not in ("outcome", "process", "rft"):
-            raise ValueError(f"supervision must be 'outcome', 'process' or 'rft', got {supervision!r}")
-        if supervision == "process" and prm_scorer is None:
-            raise ValueError("process supervision needs a PRM (prm_scorer)")
+    def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str = "outcome",
+                 process_credit: str = "sum", process_weight: float = 1.0, **kwargs):
+        if supervision not in ("outcome", "process", "hybrid", "rft"):
+            raise ValueError(f"supervision must be 'outcome', 'process', 'hybrid' or 'rft', got {supervision!r}")
+        if supervision in ("process", "hybrid") and prm_scorer is None:
+            raise ValueError(f"{supervision} supervision needs a PRM (prm_scorer)")
         super().__init__(*args, **kwargs)
         self.prm_scorer, self.supervision = prm_scorer, supervision
+        self.process_credit, self.process_weight = process_credit, process_weight
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Kept for rft mode: TRL returns the rewards gathered over processes, (B_all, num_funcs).
@@ -143,6 +159,14 @@ class ProcessGRPOTrainer(GRPOTrainer):
             adv = rft_advantages(self._last_rewards[:, 0])  # (B_all,)
         else:
             adv = self._step_advantages(inputs, ids, lengths, all_lengths)  # (B_all, T')
+        if self.supervision == "hybrid":
+            # TRL's outcome advantages, as outcome mode trains on them, are this process's rows: gather them
+            # in process order, as the step scores were, before adding the process term of the whole batch.
+            outcome = torch.tensor(gather_object(out["advantages"].tolist()), dtype=torch.float32)  # (B_all,)
+            mode = "train" if self.model.training else "eval"
+            share = process_variance_share(outcome, adv, self.process_weight, all_lengths)
+            self._metrics[mode]["hybrid/process_variance_share"].append(share)
+            adv = hybrid_advantages(outcome, adv, self.process_weight)  # (B_all, T')
         start = self.accelerator.process_index * len(inputs)
         local = adv[start : start + len(inputs)]
         out["advantages"] = (local[:, : ids.shape[1]] if local.dim() == 2 else local).to(ids.device)
@@ -163,7 +187,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         width = max([ids.shape[1], *all_lengths])
         ends = extend_last_step(all_ends, all_lengths)  # the eos carries the last step's reward
-        adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards)
+        adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards, self.process_credit)
         mode = "train" if self.model.training else "eval"
         for key, value in process_metrics(all_scores, group_size).items():
             self._metrics[mode][key].append(value)
@@ -211,10 +235,12 @@ def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, scorers: Ma
 
 
 def reward_models_needed(cfg: PipelineConfig) -> dict[str, str]:
-    """The RM kinds the GRPO phase loads, each with the setting that needs it: the PRM in process mode, and
-    the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome mode). With
-    `reward_model.oracle` the gold step labels replace the PRM's scores: no PRM is loaded for them."""
-    needed = {"prm": "process supervision"} if cfg.supervision.mode == "process" else {}
+    """The RM kinds the GRPO phase loads, each with the setting that needs it: the PRM in process and hybrid
+    mode, and the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome and
+    hybrid mode). With `reward_model.oracle` the gold step labels replace the PRM's scores: no PRM is loaded
+    for them."""
+    mode = cfg.supervision.mode
+    needed = {"prm": f"{mode} supervision"} if mode in ("process", "hybrid") else {}
     if cfg.reward_model.oracle is not None:
         needed.pop("prm", None)
     for name in active_rewards(cfg.supervision.mode, cfg.supervision.rewards):
@@ -265,6 +291,7 @@ def run_policy_phase(
         model=str(policy_path), reward_funcs=funcs, args=args, train_dataset=data,
         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
         prm_scorer=prm, supervision=mode,
+        process_credit=cfg.supervision.process_credit, process_weight=cfg.supervision.process_weight,
     )
     for scorer in scorers.values():  # on this process's device (its own GPU under accelerate launch)
         scorer.model.to(trainer.accelerator.device)
@@ -277,7 +304,13 @@ def run_policy_phase(
 
 
 def policy_metrics(log_history: list[dict]) -> dict[str, float]:
-    """Training reward at the start and end of the phase (first and last logged values), and the loss."""
+    """Training reward at the start and end of the phase (first and last logged values), and the loss; in
+    hybrid mode the mean share of the advantages' variance the PRM term carried over the phase.
+
+    >>> policy_metrics([{"reward": 0.2, "hybrid/process_variance_share": 0.3, "step": 1},
+    ...                 {"reward": 0.6, "hybrid/process_variance_share": 0.5, "step": 2}])
+    {'policy/reward_start': 0.2, 'policy/reward_end': 0.6, 'policy/steps': 2.0, 'policy/process_variance_share': 0.4}
+    """
     logs = [h for h in log_history if "reward" in h]
     if not logs:
         return {}
@@ -290,4 +323,9 @@ def policy_metrics(log_history: list[dict]) -> dict[str, float]:
     }
     if "loss" in logs[-1]:
         out["policy/loss_end"] = mean(logs[-k:], "loss")
+    # Each logged step's share; NaN where no token was in the loss (every completion masked): left out.
+    shares = [h["hybrid/process_variance_share"] for h in logs
+              if math.isfinite(h.get("hybrid/process_variance_share", math.nan))]
+    if shares:
+        out["policy/process_variance_share"] = sum(shares) / len(shares)
     return out

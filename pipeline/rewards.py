@@ -108,11 +108,14 @@ def active_rewards(mode: str, weights: Mapping[str, float]) -> dict[str, float]:
     """The GRPO reward functions of a supervision mode, name -> weight, in the registry's order.
 
     The verifier always runs. In process and rft mode it is the only one, weight 1 (process mode logs it as
-    the training accuracy, rft takes it as the advantage); in outcome mode it runs even at weight 0, so its
-    accuracy is logged, beside every other reward of positive weight in `weights`.
+    the training accuracy, rft takes it as the advantage); in outcome and hybrid mode (whose outcome term is
+    TRL's advantage of these rewards) it runs even at weight 0, so its accuracy is logged, beside every
+    other reward of positive weight in `weights`.
 
     >>> active_rewards("outcome", {"orm": 1.0})
     {'verifier': 0.0, 'orm': 1.0}
+    >>> active_rewards("hybrid", {"verifier": 1.0, "orm": 0.5})
+    {'verifier': 1.0, 'orm': 0.5}
     >>> active_rewards("process", {"verifier": 0.5, "orm": 1.0})
     {'verifier': 1.0}
     """

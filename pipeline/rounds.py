@@ -148,7 +148,8 @@ def _rm_checkpoints(cfg: PipelineConfig, result: PhaseResult) -> dict[str, str]:
 
 PHASES: dict[str, Phase] = {p.name: p for p in (
     Phase("policy", _grpo, first=_bootstrap, launchable=True, registers=_policy_checkpoint,
-          figures=("sft/train_loss", "policy/reward_start", "policy/reward_end")),
+          figures=("sft/train_loss", "policy/reward_start", "policy/reward_end",
+                   "policy/process_variance_share")),
     Phase("collect", _collect, figures=("collect/samples", "collect/verifier_accuracy", "collect/he_gold_agreement")),
     Phase("reward_model", _reward_model, launchable=True, models=_trained_rms, registers=_rm_checkpoints,
           figures=("prm/step_auc_mc", "prm/step_auc_gold", "orm/auc")),

@@ -1,7 +1,10 @@
 """One process-supervised GRPO step on fixed completions; run by tests/test_launcher.py as 1 and as 2 processes.
 
-    python tests/launcher_step.py MODELS_DIR OUT_JSON PER_DEVICE_BATCH        (one process)
+    python tests/launcher_step.py MODELS_DIR OUT_JSON PER_DEVICE_BATCH [MODE]       (one process)
     accelerate launch --config_file configs/accelerate/cpu_2proc.yaml tests/launcher_step.py ...  (two)
+
+MODE is `process` (the default) or `hybrid` (min credit, w = 0.5, an outcome reward that varies in each
+group, so TRL's per-process outcome advantages must be gathered in order before the process term is added).
 
 Sampling is replaced by a fixed table of completions indexed by the completion's place in the *global*
 generation batch (process index x local batch + row), because sampled completions depend on each
@@ -76,28 +79,37 @@ def no_reward(completions, **kwargs) -> list[float]:
     return [0.0] * len(completions)
 
 
-def main(models_dir: str, out_json: str, per_device_batch: int) -> None:
+def says_an_answer(completions, **kwargs) -> list[float]:
+    """Hybrid mode's outcome reward: 1 for a completion stating an answer, which varies within each group."""
+    return [float("The answer is" in c) for c in completions]
+
+
+def main(models_dir: str, out_json: str, per_device_batch: int, mode: str = "process") -> None:
     tokenizer = load_tokenizer(f"{models_dir}/policy")
     prm, prm_tok, _ = load_reward_model(f"{models_dir}/prm", expect="prm")
     cfg = PipelineConfig(grpo={"num_generations": 4, "per_device_train_batch_size": per_device_batch, "max_steps": 1,
                                "max_completion_length": MAX_COMPLETION, "logging_steps": 1, "max_grad_norm": 0.0,
                                "learning_rate": 1e-3})
-    args = grpo_config(cfg, f"{models_dir}/scratch-{per_device_batch}", reward_weights=[1.0])
+    args = grpo_config(cfg, f"{models_dir}/scratch-{mode}-{per_device_batch}", reward_weights=[1.0])
+    hybrid = {"process_credit": "min", "process_weight": 0.5} if mode == "hybrid" else {}
     probe = GradientProbe()
     trainer = FixedCompletions(
-        model=f"{models_dir}/policy", reward_funcs=[no_reward], args=args,
+        model=f"{models_dir}/policy", reward_funcs=[says_an_answer if hybrid else no_reward], args=args,
         train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]), processing_class=tokenizer,
-        callbacks=[probe], prm_scorer=PrmScorer(prm, prm_tok), supervision="process",
+        callbacks=[probe], prm_scorer=PrmScorer(prm, prm_tok), supervision=mode, **hybrid,
     )
     trainer.train()
     if trainer.accelerator.is_main_process:
         loss = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
-        write_json_atomic(out_json, {**trainer.record, "loss": loss, "processes": trainer.accelerator.num_processes,
+        share = next((h["hybrid/process_variance_share"] for h in trainer.state.log_history
+                      if "hybrid/process_variance_share" in h), None)
+        write_json_atomic(out_json, {**trainer.record, "loss": loss, "share": share,
+                                     "processes": trainer.accelerator.num_processes,
                                      "grad_norm": probe.grad.norm().item(), "grad_sample": probe.grad[::37].tolist()})
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
     # As pipeline/launch.py's entry does: a group left to die with the interpreter can abort at exit
     # ("terminate called without an active exception"), failing a step that finished.
     import torch.distributed as dist

@@ -8,7 +8,14 @@ import random
 import pytest
 import torch
 
-from pipeline.advantages import advantage_stats, extend_last_step, outcome_advantages, process_advantages
+from pipeline.advantages import (
+    advantage_stats,
+    extend_last_step,
+    hybrid_advantages,
+    outcome_advantages,
+    process_advantages,
+    process_variance_share,
+)
 
 # ---------------------------------------------------------------------------------------------- outcome
 
@@ -92,9 +99,9 @@ def unbiased_std(values):
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def process_advantages_loop(step_rewards, step_ends, length, group_size, scale="group"):
+def process_advantages_loop(step_rewards, step_ends, length, group_size, scale="group", credit="sum"):
     """Plain-loop reference for `process_advantages`, written straight from DeepSeekMath §4.1.3 (TRL's
-    scale_rewards carried over: the group's std, the whole batch's, or none)."""
+    scale_rewards carried over: the group's std, the whole batch's, or none) and PURE's min form."""
     adv = [[0.0] * length for _ in step_rewards]
     every = [r for rs in step_rewards for r in rs]
     for start in range(0, len(step_rewards), group_size):
@@ -105,11 +112,11 @@ def process_advantages_loop(step_rewards, step_ends, length, group_size, scale="
         divisor = {"group": unbiased_std(pooled) + 1e-4, "batch": unbiased_std(every) + 1e-4, "none": 1.0}[scale]
         for i in range(start, start + group_size):
             for t in range(length):
-                adv[i][t] = sum(
-                    (r - mean) / divisor
-                    for r, end in zip(step_rewards[i], step_ends[i])
-                    if end >= t
-                )
+                ahead = [(r - mean) / divisor for r, end in zip(step_rewards[i], step_ends[i]) if end >= t]
+                if credit == "sum":
+                    adv[i][t] = sum(ahead)
+                elif ahead:  # min; no step at or after t: 0
+                    adv[i][t] = min(ahead)
     return torch.tensor(adv, dtype=torch.float32)
 
 
@@ -136,8 +143,9 @@ def test_process_worked_example():
     torch.testing.assert_close(adv[2], expected_3, atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("credit", ["sum", "min"])
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
-def test_process_matches_loop_reference_on_random_inputs(scale):
+def test_process_matches_loop_reference_on_random_inputs(scale, credit):
     rng = random.Random(0)
     for _ in range(50):
         group_size = rng.randint(1, 4)
@@ -148,8 +156,8 @@ def test_process_matches_loop_reference_on_random_inputs(scale):
             k = rng.randint(0, min(5, length))
             step_ends.append(sorted(rng.sample(range(length), k)))
             step_rewards.append([rng.choice([0.0, 1.0, rng.random()]) for _ in range(k)])
-        fast = process_advantages(step_rewards, step_ends, length, group_size, scale)
-        slow = process_advantages_loop(step_rewards, step_ends, length, group_size, scale)
+        fast = process_advantages(step_rewards, step_ends, length, group_size, scale, credit)
+        slow = process_advantages_loop(step_rewards, step_ends, length, group_size, scale, credit)
         torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-5)
 
 
@@ -207,6 +215,114 @@ def test_process_scale_rewards_worked_example():
     torch.testing.assert_close(group[:2], group[2:], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="scale must be one of"):
         process_advantages(rewards, ends, 4, 2, scale="sequence")
+
+
+def test_process_min_credit_worked_example():
+    # PURE's min form on the same group (normalised: output 1 [-0.5446, 0.7261, 0.7261, 0.7261], output 2
+    # [-0.5446, -1.8152], output 3 [0.7261]). Output 1: tokens 0-2 see all four steps ahead, min -0.5446;
+    # from token 3 on only 0.7261s are ahead (the sum gave 1.6337, 2.1783, 1.4522, 0.7261).
+    adv = process_advantages(WORKED_REWARDS, WORKED_ENDS, length=12, group_size=3, credit="min")
+    assert adv.shape == (3, 12) and adv.dtype == torch.float32
+    torch.testing.assert_close(adv[0], torch.tensor([-0.5446] * 3 + [0.7261] * 9), atol=1e-4, rtol=0)
+    # Output 2 (ends 3, 7): both steps' tokens see the bad last step ahead, -1.8152; after token 7, 0.
+    torch.testing.assert_close(adv[1], torch.tensor([-1.8152] * 8 + [0.0] * 4), atol=1e-4, rtol=0)
+    # Output 3: one step, so min = sum: 0.7261 to token 4, then 0.
+    torch.testing.assert_close(adv[2], torch.tensor([0.7261] * 5 + [0.0] * 7), atol=1e-4, rtol=0)
+    # The last step's tokens have one step ahead either way: min and sum agree there.
+    total = process_advantages(WORKED_REWARDS, WORKED_ENDS, length=12, group_size=3)
+    torch.testing.assert_close(adv[:, 9:], total[:, 9:])
+
+
+def test_process_min_credit_rows_without_steps_and_the_eos():
+    # A masked completion (no steps) stays all 0 and out of the statistics; with the eos carrying the last
+    # step (extend_last_step) the eos gets the last step's normalised reward under min credit too.
+    ends = extend_last_step([[1, 4], [], [2]], [7, 0, 4])  # [[1, 6], [], [3]]
+    adv = process_advantages([[1.0, 0.0], [], [0.5]], ends, length=8, group_size=3, credit="min")
+    # Steps [1, 0, 0.5]: mean 0.5, std 0.5: normalised [0.5, -0.5] / 0.5001 = [0.9998, -0.9998] and [0].
+    # Row 0: every token to the eos (6) sees the -0.9998 step ahead; token 7 is padding, 0.
+    torch.testing.assert_close(adv[0], torch.tensor([-1 / 1.0002] * 7 + [0.0]), atol=1e-6, rtol=0)
+    assert torch.equal(adv[1], torch.zeros(8)) and torch.equal(adv[2], torch.zeros(8))
+    with pytest.raises(ValueError, match="credit must be one of"):
+        process_advantages([[1.0]], [[0]], 2, 1, credit="max")
+
+
+# ---------------------------------------------------------------------------------------------- hybrid
+
+
+def test_hybrid_worked_example():
+    # Verifier [1, 0, 1] on DeepSeekMath's group: outcome [0.57725, -1.15450, 0.57725] on every token
+    # ((1/3) / (0.57735 + 1e-4)), plus w = 0.5 times the min-credit process advantages: output 1, token 0:
+    # 0.57725 + 0.5 * -0.54457 = 0.30497; token 3: 0.57725 + 0.5 * 0.72609 = 0.94030; output 2, token 0:
+    # -1.15450 + 0.5 * -1.81522 = -2.06211, and after its last step (token 8 on) the outcome alone.
+    outcome = outcome_advantages(torch.tensor([1.0, 0.0, 1.0]), group_size=3)
+    process = process_advantages(WORKED_REWARDS, WORKED_ENDS, length=12, group_size=3, credit="min")
+    adv = hybrid_advantages(outcome, process, 0.5)
+    assert adv.shape == (3, 12) and adv.dtype == torch.float32
+    assert adv[0, 0].item() == pytest.approx(0.30497, abs=1e-5)
+    assert adv[0, 3].item() == pytest.approx(0.94030, abs=1e-5)
+    assert adv[1, 0].item() == pytest.approx(-2.06211, abs=1e-5)
+    assert adv[1, 8:].tolist() == pytest.approx([-1.15450] * 4, abs=1e-5)
+    # Weight 0 is outcome supervision: the outcome advantage on every token, bit for bit.
+    assert torch.equal(hybrid_advantages(outcome, process, 0.0), outcome.unsqueeze(1).expand(-1, 12))
+
+
+def test_hybrid_matches_a_plain_loop():
+    rng = random.Random(1)
+    for _ in range(20):
+        rows, length, w = rng.randint(1, 6), rng.randint(1, 9), rng.choice([0.0, 0.1, 1.0, 3.5])
+        outcome = [rng.uniform(-2, 2) for _ in range(rows)]
+        process = [[rng.uniform(-3, 3) for _ in range(length)] for _ in range(rows)]
+        want = [[outcome[i] + w * process[i][t] for t in range(length)] for i in range(rows)]
+        got = hybrid_advantages(torch.tensor(outcome), torch.tensor(process), w)
+        torch.testing.assert_close(got, torch.tensor(want), atol=1e-6, rtol=1e-6)
+
+
+def variance_share_loop(outcome, process, weight, lengths):
+    """Plain-loop reference: population variances of the tokens in the loss."""
+    o = [outcome[i] for i, n in enumerate(lengths) for _ in range(n)]
+    p = [weight * process[i][t] for i, n in enumerate(lengths) for t in range(n)]
+    var = lambda xs: sum((x - sum(xs) / len(xs)) ** 2 for x in xs) / len(xs)  # noqa: E731
+    return var(p) / (var(o) + var(p)) if var(o) + var(p) > 0 else 0.0
+
+
+def test_process_variance_share_worked_example_and_limits():
+    # Outcome [1, -1], process [[1, 1], [1, -1]], both rows 2 tokens: O [1, 1, -1, -1] has variance 1,
+    # P [1, 1, 1, -1] (mean 0.5) variance 0.75: share 0.75 / 1.75 = 0.4286; at w = 2, 3 / 4 = 0.75.
+    outcome, process = torch.tensor([1.0, -1.0]), torch.tensor([[1.0, 1.0], [1.0, -1.0]])
+    assert process_variance_share(outcome, process, 1.0, [2, 2]) == pytest.approx(0.75 / 1.75, abs=1e-12)
+    assert process_variance_share(outcome, process, 2.0, [2, 2]) == pytest.approx(0.75, abs=1e-12)
+    # w = 0: the verifier arm again, share 0; no outcome spread (all right or all wrong): 1.
+    assert process_variance_share(outcome, process, 0.0, [2, 2]) == 0.0
+    assert process_variance_share(torch.zeros(2), process, 0.3, [2, 2]) == pytest.approx(1.0, abs=1e-12)
+    # Only tokens in the loss count: row 1 masked out leaves O constant and P [1, 1]: no spread at all, 0.
+    assert process_variance_share(outcome, process, 1.0, [2, 0]) == 0.0
+    assert math.isnan(process_variance_share(outcome, process, 1.0, [0, 0]))
+
+
+def test_process_variance_share_matches_a_plain_loop():
+    rng = random.Random(2)
+    for _ in range(30):
+        rows, length, w = rng.randint(1, 6), rng.randint(1, 9), rng.choice([0.05, 0.5, 1.0, 4.0])
+        outcome = [rng.choice([0.0, rng.uniform(-2, 2)]) for _ in range(rows)]
+        process = [[rng.uniform(-3, 3) for _ in range(length)] for _ in range(rows)]
+        lengths = [rng.randint(0, length) for _ in range(rows)]
+        if not any(lengths):
+            continue
+        got = process_variance_share(torch.tensor(outcome), torch.tensor(process), w, lengths)
+        assert got == pytest.approx(variance_share_loop(outcome, process, w, lengths), abs=1e-6)
+
+
+@pytest.mark.parametrize(("outcome", "process", "weight", "match"), [
+    (torch.zeros(2, 1), torch.zeros(2, 3), 1.0, r"outcome must have shape \(B,\)"),
+    (torch.zeros(3), torch.zeros(2, 3), 1.0, r"got \(3,\) and \(2, 3\)"),
+    (torch.zeros(2), torch.zeros(2, 3), -0.5, "process weight must be a finite number >= 0, got -0.5"),
+    (torch.zeros(2), torch.zeros(2, 3), float("nan"), "process weight must be a finite number >= 0"),
+])
+def test_hybrid_bad_input(outcome, process, weight, match):
+    with pytest.raises(ValueError, match=match):
+        hybrid_advantages(outcome, process, weight)
+    with pytest.raises(ValueError, match=match):
+        process_variance_share(outcome, process, weight, [1] * outcome.shape[0])
 
 
 def test_extend_last_step_worked_example():

@@ -146,6 +146,16 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"supervision": {"rewards": {"orm": 1.0}, "orm_weight": 1.0}}, "supervision: give supervision.rewards or the older"),
         ({"supervision": {"mode": "outcome", "rewards": {}}}, "supervision: outcome mode needs a weight above 0"),
         ({"supervision": {"mode": "rft", "rewards": {"orm": 0.5}}}, "supervision: rft mode rewards the verifier's correct samples only: drop orm"),
+        ({"supervision": {"mode": "hybrid", "rewards": {"verifier": 0.0}}}, "supervision: hybrid mode needs a weight above 0"),
+        ({"supervision": {"mode": "hybrid", "process_weight": -0.5}}, "supervision.process_weight: Input should be greater than or equal to 0"),
+        ({"supervision": {"mode": "hybrid", "process_weight": float("inf")}}, "supervision.process_weight: Input should be a finite number"),
+        ({"supervision": {"process_credit": "max"}}, "supervision.process_credit: Input should be 'sum' or 'min'"),
+        # a knob the mode ignores: refused, naming it
+        ({"supervision": {"mode": "outcome", "process_weight": 0.5}},
+         "supervision: process_weight 0.5 is only used in hybrid mode, not in outcome mode: remove it, or set mode: hybrid"),
+        ({"supervision": {"mode": "process", "process_weight": 2.0}}, "supervision: process_weight 2.0 is only used in hybrid mode, not in process"),
+        ({"supervision": {"mode": "rft", "process_credit": "min"}},
+         "supervision: process_credit 'min' is only used in process and hybrid mode, not in rft mode"),
         ({"reward_model": {"kinds": ["prm", "value"]}}, "reward_model.kinds: unknown reward model kind 'value'; known: prm, orm"),
         # half a local override of the hub would read the hub's test split against local training rows
         ({"problems": {"kind": "gsm8k", "gsm8k": {"hub_name": "openai/gsm8k", "train_path": "t.jsonl"}}},
@@ -167,6 +177,8 @@ def test_one_line_per_mistake():
 def test_cross_section_consistency():
     # Process supervision reads a PRM, so the PRM must be among the trained reward models.
     assert "reward_model.kinds must include 'prm'" in error_of({"reward_model": {"kinds": ["orm"]}})
+    assert "reward_model.kinds must include 'prm' when supervision.mode is 'hybrid'" in error_of(
+        {"supervision": {"mode": "hybrid"}, "reward_model": {"kinds": ["orm"]}})
     # best_of_n = 32 cannot be drawn from 16 samples per problem.
     assert "eval.best_of_n [32]" in error_of({"eval": {"best_of_n": [4, 32]}})
     # A reward scored by a reward model needs that model trained: the orm reward, by either spelling.
@@ -223,6 +235,32 @@ def test_an_old_run_directorys_config_reads_as_todays_defaults():
     assert resumed_config_diff(stored, now) == []
 
 
+def test_hybrid_config_and_the_reward_models_it_loads():
+    from typing import get_args
+
+    from pipeline.advantages import CREDITS
+    from pipeline.config import SupervisionConfig
+    from pipeline.policy import reward_models_needed
+
+    assert get_args(SupervisionConfig.model_fields["process_credit"].annotation) == CREDITS  # one list of credits
+    cfg = config_from_dict({"supervision": {"mode": "hybrid", "process_weight": 0.3, "process_credit": "min"}},
+                           check_trl=False)
+    assert (cfg.supervision.process_weight, cfg.supervision.process_credit) == (0.3, "min")
+    # The PRM for the process term; the outcome term's rewards as in outcome mode, the ORM when weighted.
+    assert reward_models_needed(cfg) == {"prm": "hybrid supervision"}
+    with_orm = config_from_dict({"supervision": {"mode": "hybrid", "rewards": {"verifier": 1.0, "orm": 0.5}}},
+                                check_trl=False)
+    assert reward_models_needed(with_orm) == {"prm": "hybrid supervision", "orm": "supervision.rewards.orm > 0"}
+    # Defaults, and values equal to them, load in every mode (a stored config writes every field out).
+    for mode in ("outcome", "process", "hybrid", "rft"):
+        cfg = config_from_dict({"supervision": {"mode": mode, "process_weight": 1.0, "process_credit": "sum"}},
+                               check_trl=False)
+        assert cfg.supervision.mode == mode
+    assert config_from_dict({"supervision": {"process_credit": "min"}}, check_trl=False).supervision.mode == "process"
+    # w = 0 is allowed (the verifier arm, through the hybrid code path).
+    assert config_from_dict({"supervision": {"mode": "hybrid", "process_weight": 0}}, check_trl=False)
+
+
 def test_trl_options_a_mode_would_ignore_are_refused_with_the_reason():
     # rft's advantage is the verifier's 0/1 reward itself: TRL's scale_rewards has nothing to scale.
     message = error_of({"supervision": {"mode": "rft"}, "grpo": {"scale_rewards": "none"}})
@@ -234,10 +272,16 @@ def test_trl_options_a_mode_would_ignore_are_refused_with_the_reason():
     # The pipeline sets TRL's reward weights itself, in every mode: the supervision weights are the knob.
     message = error_of({"supervision": {"mode": "outcome"}, "grpo": {"reward_weights": [1.0]}})
     assert message.startswith("grpo.reward_weights: set by the pipeline") and "supervision.verifier_weight" in message
-    # Honoured, so accepted: scale_rewards in outcome and process mode (process mode scales its steps by it).
-    for mode in ("outcome", "process"):
+    message = error_of({"supervision": {"mode": "hybrid"}, "grpo": {"reward_weights": [1.0]}})
+    assert message.startswith("grpo.reward_weights: set by the pipeline")
+    # Honoured, so accepted: scale_rewards in outcome, process and hybrid mode (process mode scales its steps
+    # by it, hybrid both its terms), and multi_objective_aggregation in hybrid (its outcome term is TRL's).
+    for mode in ("outcome", "process", "hybrid"):
         cfg = config_from_dict({"supervision": {"mode": mode}, "grpo": {"scale_rewards": "batch"}}, check_trl=False)
         assert cfg.grpo["scale_rewards"] == "batch"
+    cfg = config_from_dict({"supervision": {"mode": "hybrid"}, "grpo": {"multi_objective_aggregation": "normalize_then_sum"}},
+                           check_trl=False)
+    assert cfg.grpo["multi_objective_aggregation"] == "normalize_then_sum"
 
 
 def test_run_name_that_is_safe_is_kept():

@@ -130,22 +130,24 @@ def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
 
 
 @pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
-def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_path):
+@pytest.mark.parametrize("mode", ["process", "hybrid"])
+def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_path, mode):
     """One process-supervised GRPO step on the same 12 completions: 1 process x 12 rows, 2 processes x 6 rows.
 
     Sampling is replaced by a fixed completion table (see tests/launcher_step.py): sampled completions follow
     each process's random stream and cannot match. With 3 groups of 4 over 2 x 6 rows the middle group
     straddles the processes, so a missing gather (normalising a group's steps per process: refused, a
     process then holds half a group) or a wrong slice (a process keeping another's rows: 18 of 18 checked
-    values off by up to 1.46 when tried) changes the advantages, hence the loss and the gradient.
+    values off by up to 1.46 when tried) changes the advantages, hence the loss and the gradient. Hybrid mode
+    also adds TRL's outcome advantages, which each process holds for its own rows only.
     """
     build_models(tmp_path)
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
     # Both at once: the 1-process run is plain Python, no torch.distributed (what `launcher: local` runs).
-    single = subprocess.Popen([sys.executable, str(STEP_SCRIPT), str(tmp_path), str(one), "12"], env=child_env(),
+    single = subprocess.Popen([sys.executable, str(STEP_SCRIPT), str(tmp_path), str(one), "12", mode], env=child_env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    run_logged(launch_command(launcher, [str(STEP_SCRIPT), str(tmp_path), str(two), "6"]),
+    run_logged(launch_command(launcher, [str(STEP_SCRIPT), str(tmp_path), str(two), "6", mode]),
                tmp_path / "two.log", child_env(), "the 2-process step")
     _, err = single.communicate(timeout=300)
     assert single.returncode == 0, err[-3000:]
@@ -160,6 +162,8 @@ def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_pat
     for ra, rb in zip(a["advantages"], b["advantages"]):
         assert rb == pytest.approx(ra, abs=1e-6)
     assert any(abs(v) > 0.1 for r in a["advantages"] for v in r)  # not a trivial all-zero case
+    if mode == "hybrid":  # both terms carry signal, and the PRM's share of the variance is the same
+        assert 0.01 < a["share"] < 0.99 and b["share"] == pytest.approx(a["share"], abs=1e-6)
     # Loss: TRL's DAPO loss normalises by the global token count / processes; the logged loss is the mean
     # over processes, so it equals the 1-process loss. Measured: advantages equal exactly, loss 1.2e-7 apart
     # (2 float32 ulps at 0.66), gradient entries within 1.5e-8 (largest 0.16).

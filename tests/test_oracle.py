@@ -72,8 +72,8 @@ def test_oracle_is_off_by_default_and_loads_for_process_supervision_on_the_embed
 @pytest.mark.parametrize("data, says", [
     ({"problems": {"kind": "gsm8k", "gsm8k": {"hub_name": "openai/gsm8k"}}},
      "needs gold step labels, which problems.kind 'gsm8k' does not have (kinds with them: arithmetic)"),
-    ({"supervision": {"mode": "outcome"}}, "which only supervision.mode 'process' uses, not 'outcome'"),
-    ({"supervision": {"mode": "rft"}}, "which only supervision.mode 'process' uses, not 'rft'"),
+    ({"supervision": {"mode": "outcome"}}, "which only supervision.mode 'process' or 'hybrid' uses, not 'outcome'"),
+    ({"supervision": {"mode": "rft"}}, "which only supervision.mode 'process' or 'hybrid' uses, not 'rft'"),
 ])
 def test_oracle_refused_where_there_are_no_gold_labels_or_no_step_rewards(data, says):
     message = error_of({**data, "reward_model": {"oracle": "gold"}})
@@ -190,3 +190,8 @@ def test_run_policy_phase_with_the_oracle_needs_no_prm(tmp_path, tiny_dirs, monk
     for prompt, completion, labels in seen:
         want = ps.gold_step_labels(completion, by_prompt[prompt]) if completion.strip() else [0]
         assert labels == want
+
+
+def test_oracle_also_feeds_hybrid_supervision_without_a_prm():
+    cfg = config_from_dict({"supervision": {"mode": "hybrid"}, "reward_model": {"oracle": "gold"}}, check_trl=False)
+    assert cfg.reward_model.oracle == "gold" and reward_models_needed(cfg) == {}

@@ -4,7 +4,8 @@ TRL's rollout hook (`rollout_func`) hands `ProcessGRPOTrainer` designed completi
 can be worked out by a plain loop (`tests/tokenizer_cases.py`): step ends on the policy's own tokens for the
 char tokenizer, SmolLM2's byte-level BPE and a SentencePiece-style one (point 2), a truncated completion
 masked by `mask_truncated_completions` out of its group (3), the eos credited (4), `scale_rewards`
-honoured and the advantages used logged (5).
+honoured and the advantages used logged (5). Hybrid mode (issue 16, point 1): TRL's outcome advantages plus
+the weighted process advantages, min credit included, and the PRM term's share of their variance logged.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def reference_steps(tok, prm, prompt: str, row: list[int]) -> list[tuple[int, fl
     return out
 
 
-def reference_advantages(tok, prm, rows: list[list[int]], scale: str) -> list[list[float]]:
-    """Normalised per group (or batch) and summed over the steps ending at or after each token; a cut
-    (masked) completion has no steps."""
+def reference_advantages(tok, prm, rows: list[list[int]], scale: str, credit: str = "sum") -> list[list[float]]:
+    """Normalised per group (or batch) and summed (or, min credit, their minimum) over the steps ending at or
+    after each token, 0 where none is; a cut (masked) completion has no steps."""
     prompts = [PROMPT] * 4 + [PROMPT_B] * 4
     steps = [reference_steps(tok, prm, p, row) if row[-1] == tok.eos_token_id else [] for p, row in zip(prompts, rows)]
     every = [s for row in steps for _, s in row]
@@ -73,11 +74,24 @@ def reference_advantages(tok, prm, rows: list[list[int]], scale: str) -> list[li
         mean = statistics.fmean(group)
         std = {"group": statistics.stdev(group), "batch": statistics.stdev(every), "none": None}[scale]
         norm = [(e, s - mean if std is None else (s - mean) / (std + 1e-4)) for e, s in row]
-        out.append([sum(r for e, r in norm if e >= t) for t in range(width)])
+        ahead = [[r for e, r in norm if e >= t] for t in range(width)]
+        out.append([sum(a) if credit == "sum" else min(a, default=0.0) for a in ahead])
     return out
 
 
-def run_grpo(tok, policy_dir, out_dir, rows, supervision: str, scorer=None, scale: str | None = None):
+def reference_outcome(rewards: list[float], scale: str) -> list[float]:
+    """TRL's outcome advantages by a plain loop: centred on the group's mean (groups of 4), divided by the
+    group's (or the batch's) unbiased std + 1e-4, or not divided ("none")."""
+    out = []
+    for g in range(0, len(rewards), 4):
+        group = rewards[g : g + 4]
+        mean = statistics.fmean(group)
+        std = {"group": statistics.stdev(group), "batch": statistics.stdev(rewards), "none": None}[scale]
+        out += [r - mean if std is None else (r - mean) / (std + 1e-4) for r in group]
+    return out
+
+
+def run_grpo(tok, policy_dir, out_dir, rows, supervision: str, scorer=None, scale: str | None = None, **kwargs):
     """One real GRPO step of `ProcessGRPOTrainer` on the designed completions `rows` (TRL's rollout hook).
 
     Returns what the loss saw (in `rows`' order: TRL shuffles the batch), the trainer's logs, and the
@@ -107,7 +121,7 @@ def run_grpo(tok, policy_dir, out_dir, rows, supervision: str, scorer=None, scal
     trainer = ProcessGRPOTrainer(
         model=str(policy_dir), reward_funcs=[reward], args=args,
         train_dataset=Dataset.from_list([{"prompt": PROMPT}, {"prompt": PROMPT_B}]),
-        processing_class=tok, prm_scorer=scorer, supervision=supervision, rollout_func=rollout,
+        processing_class=tok, prm_scorer=scorer, supervision=supervision, rollout_func=rollout, **kwargs,
     )
     original = trainer._compute_loss
 
@@ -226,3 +240,83 @@ def test_rft_logs_the_advantages_it_used(tmp_path):
     assert logged["rft/advantage_std"] == pytest.approx(used.std().item(), abs=1e-6)
     assert (logged["rft/advantage_min"], logged["rft/advantage_max"]) == (0.0, 1.0)
     assert run["table"] == adv.tolist()  # TRL's completions table: the 0/1 used, not group-normalised
+
+
+# --- hybrid: TRL's outcome advantage + w x the process advantage (issue 16, point 1) ----------------------
+
+
+@pytest.fixture(scope="module")
+def hybrid_runs(tmp_path_factory):
+    """Real GRPO steps on the designed completions (char tokenizer): hybrid with min credit at w = 0.5 and
+    batch scale, hybrid at w = 0, and outcome mode, with one PRM."""
+    from models import load_reward_model
+
+    tok = tokenizer_of("char")
+    root = policy_and_prm(tok, tmp_path_factory.mktemp("hybrid"))
+    prm, prm_tok, _ = load_reward_model(root / "prm", expect="prm")
+    scorer, rows = PrmScorer(prm, prm_tok), rollout_ids(tok)
+    runs = {name: run_grpo(tok, root / "policy", tmp_path_factory.mktemp(name), rows, mode, scorer, scale, **kw)
+            for name, mode, scale, kw in (
+                ("min", "hybrid", "batch", {"process_credit": "min", "process_weight": 0.5}),
+                ("w0", "hybrid", None, {"process_weight": 0.0}),
+                ("outcome", "outcome", None, {}))}
+    rewards = [float("72" in tok.decode(r, skip_special_tokens=True)) for r in rows]  # [1, 0, 0, 0, 1, 1, 1, 0]
+    return {**runs, "tok": tok, "rows": rows, "prm": prm, "rewards": rewards}
+
+
+def test_hybrid_advantages_are_trls_outcome_plus_weighted_process(hybrid_runs):
+    """A = A_outcome + w * A_process, each recomputed by a plain loop: TRL's outcome advantage of the verifier
+    (batch scale) on every token, the min-credit process advantage (batch scale, eos credited, the cut
+    completion without steps)."""
+    run, tok, rows = hybrid_runs["min"], hybrid_runs["tok"], hybrid_runs["rows"]
+    outcome = reference_outcome(hybrid_runs["rewards"], "batch")
+    process = reference_advantages(tok, hybrid_runs["prm"], rows, "batch", credit="min")
+    want = [[o + 0.5 * p for p in row] for o, row in zip(outcome, process)]
+    adv = run["advantages"]  # (B, T)
+    assert adv.shape == (8, len(want[0]))
+    assert adv.tolist() == [pytest.approx(w, abs=1e-5) for w in want]
+    # Both terms have signal here: group A's verifier spread and its PRM spread (group B's PRM has none).
+    assert max(abs(o) for o in outcome) > 0.1 and max(abs(p) for r in process[:4] for p in r) > 0.1
+    # TRL's completions table shows the hybrid advantage of each completion's first token.
+    assert run["table"] == pytest.approx(adv[:, 0].tolist(), abs=1e-6)
+
+
+def test_hybrid_logs_its_advantages_and_the_prm_share_of_their_variance(hybrid_runs):
+    run = hybrid_runs["min"]
+    adv, mask = run["advantages"], run["mask"].bool()
+    outcome = torch.tensor(reference_outcome(hybrid_runs["rewards"], "batch"), dtype=torch.float64)
+    o = outcome.unsqueeze(1).expand_as(adv)[mask]  # every token in the loss carries its completion's outcome
+    p = (adv.double() - outcome.unsqueeze(1))[mask]  # what is left is w * A_process
+    share = p.var(correction=0) / (o.var(correction=0) + p.var(correction=0))
+    logged = next(h for h in run["logs"] if "hybrid/process_variance_share" in h)
+    assert 0.01 < share.item() < 0.99
+    assert logged["hybrid/process_variance_share"] == pytest.approx(share.item(), abs=1e-5)
+    used = adv[mask].double()
+    assert logged["hybrid/advantage_mean"] == pytest.approx(used.mean().item(), abs=1e-5)
+    assert logged["hybrid/advantage_std"] == pytest.approx(used.std().item(), abs=1e-5)
+    assert (logged["hybrid/advantage_min"], logged["hybrid/advantage_max"]) == pytest.approx(
+        (used.min().item(), used.max().item()), abs=1e-5)
+    # The process figures are logged as in process mode, and the phase's metrics carry the share.
+    assert logged["process/steps_per_completion"] > 0
+    from pipeline.policy import policy_metrics
+
+    assert policy_metrics(run["logs"])["policy/process_variance_share"] == pytest.approx(share.item(), abs=1e-5)
+
+
+def test_hybrid_at_weight_zero_is_outcome_mode(hybrid_runs):
+    w0, outcome = hybrid_runs["w0"], hybrid_runs["outcome"]
+    assert outcome["advantages"].dim() == 1  # TRL's own, one per completion
+    # The same advantage on every token, bit for bit what outcome mode trains on; the PRM's share is 0.
+    assert torch.equal(w0["advantages"], outcome["advantages"].unsqueeze(1).expand_as(w0["advantages"]))
+    assert outcome["advantages"].tolist() == pytest.approx(reference_outcome(hybrid_runs["rewards"], "group"), abs=1e-6)
+    logged = next(h for h in w0["logs"] if "hybrid/process_variance_share" in h)
+    assert logged["hybrid/process_variance_share"] == 0.0
+    assert not any("hybrid/process_variance_share" in h for h in outcome["logs"])
+
+
+def test_hybrid_needs_a_prm(tmp_path):
+    from pipeline.policy import ProcessGRPOTrainer
+
+    with pytest.raises(ValueError, match="hybrid supervision needs a PRM"):
+        ProcessGRPOTrainer(model="unused", supervision="hybrid")
+

@@ -217,6 +217,9 @@ def test_active_rewards_by_mode():
     # Process and rft: the verifier alone at weight 1 (process logs it; rft's advantage is its column 0).
     assert active_rewards("process", {"verifier": 0.3, "orm": 1.0}) == {"verifier": 1.0}
     assert active_rewards("rft", {"verifier": 0.3}) == {"verifier": 1.0}
+    # Hybrid: its outcome term is TRL's advantage of the weighted rewards, as in outcome mode.
+    assert active_rewards("hybrid", {"orm": 0.5, "verifier": 1.0}) == {"verifier": 1.0, "orm": 0.5}
+    assert active_rewards("hybrid", {"orm": 1.0}) == {"verifier": 0.0, "orm": 1.0}
 
 
 def test_scorer_reward_takes_trl_prompts_or_the_prompt_column():

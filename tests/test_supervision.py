@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from models import char_tokenizer
 from pipeline.advantages import outcome_advantages, rft_advantages
@@ -111,3 +112,32 @@ def test_frozen_rm_reuses_round_0_checkpoints(tmp_path, monkeypatch):
     retrained = config_from_dict(mini_config(tmp_path), check_trl=False)
     rm_mod.run_reward_model_phase(retrained, tmp_path, 1, "policy", previous)
     assert trained[2:] == [("prm", "round-001"), ("orm", "round-001")]
+
+
+class LogSpy(TrainerCallback):
+    """Keeps every log dict of a training (TRL's per-step metrics), as MLflow's callback receives them."""
+
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+def test_hybrid_policy_phase_reports_the_prms_variance_share(tmp_path, tiny_dirs):
+    """The GRPO phase in hybrid mode (issue 16, point 1): the share the PRM term carried reaches the phase's
+    metrics (manifest, MLflow), the mean of the logged steps' shares."""
+    from pipeline.policy import run_policy_phase
+
+    cfg = config_from_dict(mini_config(tmp_path, supervision={"mode": "hybrid", "process_weight": 2.0,
+                                                              "process_credit": "min", "prompts_per_round": 4},
+                                       grpo={"max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 4,
+                                             "max_completion_length": 8}), check_trl=False)
+    spy = LogSpy()
+    result = run_policy_phase(cfg, problem_set_from_config(cfg), tiny_dirs / "policy", tmp_path / "out", 1,
+                              reward_models={"prm": tiny_dirs / "prm"}, callbacks=[spy])
+    shares = [h["hybrid/process_variance_share"] for h in spy.logs if "hybrid/process_variance_share" in h]
+    assert len(shares) == 1 and 0.0 <= shares[0] <= 1.0
+    assert result.metrics["policy/process_variance_share"] == pytest.approx(shares[0], abs=1e-12)
+    assert (tmp_path / "out" / "config.json").exists()
+
