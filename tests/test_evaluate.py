@@ -275,3 +275,31 @@ def test_best_of_n_accuracy_keeps_its_other_figures_beside_the_vote():
         {"rm": 0.5, "majority": 0.5, "random": 0.5, "vote": 1.0}, abs=1e-12)
     # All-zero scores (best_of_n's baseline call) do not crash: no weighted vote is cast.
     assert best_of_n_accuracy([[0.0] * 4] * 2, correct, answers, 4)["vote"] == 0.0
+
+
+def test_eval_phase_best_of_n_gives_each_rms_vote_beside_its_pick_majority_and_random():
+    from pipeline.eval_phase import best_of_n
+    from pipeline.scorers import Scores
+    from pipeline.tracking import metric_name
+
+    # One problem, 4 samples, "5" right. PRM solution scores (with step scores: only `solutions` counts);
+    # ORM scores rank the two "5"s last.
+    answers, correct = [["7", "5", "7", "5"]], [[False, True, False, True]]
+    scores = {"prm": [Scores([0.2, 0.6, 0.3, 0.3], [[0.2], [0.6], [0.3], [0.3]])],
+              "orm": [Scores([0.9, 0.1, 0.8, 0.2])]}
+    metrics = best_of_n(scores, correct, answers, [2, 4])
+    assert list(metrics) == [f"bon/{w}@{n}" for n in (2, 4)
+                             for w in ("prm", "prm_vote", "orm", "orm_vote", "majority", "random")]
+    assert metrics == pytest.approx({
+        # N = 2 ("7" 0.2, "5" 0.6 by the PRM; 0.9 and 0.1 by the ORM): one vote each, a majority tie.
+        "bon/prm@2": 1.0, "bon/prm_vote@2": 1.0, "bon/orm@2": 0.0, "bon/orm_vote@2": 0.0,
+        "bon/majority@2": 0.5, "bon/random@2": 0.5,
+        # N = 4: PRM "7" 0.5 against "5" 0.9 -> right; ORM "7" 1.7 against "5" 0.3 -> wrong; majority 2-2 tie.
+        "bon/prm@4": 1.0, "bon/prm_vote@4": 1.0, "bon/orm@4": 0.0, "bon/orm_vote@4": 0.0,
+        "bon/majority@4": 0.5, "bon/random@4": 0.5}, abs=1e-12)
+    # The PRM's vote differs from its pick where two mid scores outweigh a top one: 0.4 + 0.4 > 0.7.
+    flip = best_of_n({"prm": [Scores([0.7, 0.4, 0.4])]}, [[True, False, False]], [["5", "7", "7"]], [3])
+    assert (flip["bon/prm@3"], flip["bon/prm_vote@3"]) == (1.0, 0.0)
+    # MLflow's names, as `tracking.log_metrics` writes them on the parent run.
+    assert [metric_name(k) for k in flip] == ["bon/prm_at_3", "bon/prm_vote_at_3", "bon/majority_at_3",
+                                              "bon/random_at_3"]
