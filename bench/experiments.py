@@ -396,17 +396,22 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
     # 5. Best-of-N.
     ns = sorted({int(k.split("@")[1]) for m in data.get("prm", {}).values() for r in m.values() for k in r
                  if k.startswith("bon/prm@")})
+    picks = {"prm": "PRM", "prm_vote": "PRM vote", "orm": "ORM", "orm_vote": "ORM vote", "majority": "majority",
+             "random": "random"}  # `bon/<pick>@N` -> its column and plot label
     rows = [[str(n)] + [fmt(values(data, "prm", r, f"bon/{w}@{n}"), len(seeds)) for r in sorted({0, last})
-                        for w in ("prm", "orm", "majority", "random")] for n in ns]
+                        for w in picks] for n in ns]
     plot_lines(img / "best_of_n.png", [
         (f"best-of-N, round {r}", "accuracy",
-         {w: curve(data, "prm", [(n, r, f"bon/{w}@{n}") for n in ns]) for w in ("prm", "orm", "majority", "random")})
+         {label: curve(data, "prm", [(n, r, f"bon/{w}@{n}") for n in ns]) for w, label in picks.items()})
         for r in sorted({0, last})], "N: candidates per problem", logx=True)
     md += ["", "## 5. Best-of-N with the PRM, the ORM and majority vote", "",
            "Mirrors Math-Shepherd's verification results (best-of-N against N, the PRM against an ORM and "
-           "self-consistency): the PRM ranks best, increasingly so as N grows. Here: the prm arm's eval samples, "
-           "scored by that round's RMs; a random pick is the floor.", "",
-           table(["N"] + [f"{w} r{r}" for r in sorted({0, last}) for w in ("PRM", "ORM", "majority", "random")], rows),
+           "self-consistency): the PRM ranks best, increasingly so as N grows, and its best verifier is the "
+           "RM-weighted majority vote (`vote`: each sample's answer gets its RM score as its vote), above both "
+           "self-consistency and best-of-N by the RM alone, the gap growing with N. Here: the prm arm's eval "
+           "samples, scored once by that round's RMs (best-of-N and the vote use the same scores); a random pick "
+           "is the floor.", "",
+           table(["N"] + [f"{label} r{r}" for r in sorted({0, last}) for label in picks.values()], rows),
            "", "![Best-of-N against N](img/best_of_n.png)", "", PLACEHOLDER]
 
     # Per-seed values.

@@ -33,11 +33,11 @@ def cmd_run(args) -> None:
         ephemeral_server_apart()
         args.stopper.at_hard_exit(lambda: abandon(cfg))
     from flows.iterative import iterative_rl
-    from pipeline.compare import rounds_from_run_dir, rounds_table
+    from pipeline.compare import rounds_from_run_dir, tables_text
 
     result = iterative_rl(cfg.model_dump(mode="json"), force=args.force)
-    print(rounds_table([(cfg.run.name, rounds_from_run_dir(cfg.run_dir))]))
-    print(f"run directory: {result['run_dir']}  (igrpo compare {result['run_dir']}: the same table and a plot)")
+    print(tables_text([(cfg.run.name, rounds_from_run_dir(cfg.run_dir))]))
+    print(f"run directory: {result['run_dir']}  (igrpo compare {result['run_dir']}: the same tables and a plot)")
     print(f"MLflow: parent run {result['mlflow_run']}, experiment {cfg.tracking.experiment!r}, "
           f"at {result['tracking_uri']}")
 
@@ -194,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", help="backbone for a new RM (default: the round's policy)")
     s.add_argument("--previous", action="append", default=[], metavar="KIND=PATH",
                    help="warm start, e.g. prm=models:/iterative-grpo-prm@round-0 (default: the previous round's)")
-    s = cmd("compare", cmd_compare, "Pass@K / Maj@K / greedy per round of one or more runs, and a Fig. 7-style plot.",
-            config=False, console=False)
+    s = cmd("compare", cmd_compare, "Pass@K / Maj@K / greedy and best-of-N per round of one or more runs, and a "
+            "Fig. 7-style plot.", config=False, console=False)
     s.add_argument("runs", nargs="+", help="run directories or MLflow parent run ids")
     s.add_argument("--out", default="compare.png", help="plot path")
     s.add_argument("--tracking-uri", help="MLflow tracking URI (for run ids)")

@@ -1,4 +1,5 @@
-"""`igrpo compare`: Pass@K / Maj@K / greedy per round of several pipeline runs, and a Fig. 7-style plot."""
+"""`igrpo compare`: Pass@K / Maj@K / greedy and best-of-N per round of several pipeline runs, and a Fig. 7-style
+plot."""
 
 from __future__ import annotations
 
@@ -10,17 +11,20 @@ from pipeline.rundir import read_json
 
 
 def rounds_from_run_dir(run_dir: Path) -> dict[int, dict[str, float]]:
-    """round -> eval metrics (`greedy`, `pass@K`, `maj@K`) from each round's eval.json."""
+    """round -> eval metrics (`greedy`, `pass@K`, `maj@K`, best-of-N's `bon/<what>@N`) from each round's eval.json."""
     out = {}
     for path in sorted(run_dir.glob("round-*/eval.json")):
         data = read_json(path)
-        out[int(data["round"])] = {"greedy": data["metrics"]["eval/greedy"], **data["curve"]}
+        bon = {k: v for k, v in data["metrics"].items() if k.startswith("bon/")}
+        out[int(data["round"])] = {"greedy": data["metrics"]["eval/greedy"], **data["curve"], **bon}
     if not out:
         raise FileNotFoundError(f"{run_dir}: no round-*/eval.json: not a run directory, or no round evaluated yet")
     return out
 
 
 _RUN_ID = re.compile(r"[0-9a-f]{32}")  # MLflow's run ids: uuid4 hex
+# The parent run's names of what `rounds_from_run_dir` reads (MLflow spells '@' as '_at_').
+_COMPARED = re.compile(r"eval/(greedy|pass_at_\d+|maj_at_\d+)|(bon/\w+_at_\d+)")
 
 
 def rounds_from_mlflow(run_id: str, tracking_uri: str | None) -> dict[int, dict[str, float]]:
@@ -42,10 +46,10 @@ def rounds_from_mlflow(run_id: str, tracking_uri: str | None) -> dict[int, dict[
                          "give --tracking-uri where it was logged") from None
     out: dict[int, dict[str, float]] = {}
     for key in run.data.metrics:
-        m = re.fullmatch(r"eval/(greedy|pass_at_\d+|maj_at_\d+)", key)
+        m = _COMPARED.fullmatch(key)
         if m:
             for point in client.get_metric_history(run_id, key):
-                out.setdefault(point.step, {})[m.group(1).replace("_at_", "@")] = point.value
+                out.setdefault(point.step, {})[(m.group(1) or m.group(2)).replace("_at_", "@")] = point.value
     if not out:
         raise ValueError(f"MLflow run {run_id} has no eval/* metrics: is it a pipeline (parent) run?")
     return out
@@ -56,7 +60,7 @@ def _ks(metrics: dict[str, float]) -> list[int]:
 
 
 def compare(runs: list[str], out: str | Path = "compare.png", tracking_uri: str | None = None) -> tuple[str, Path]:
-    """A text table (one row per run and round) and a plot of round 0 against the last round of each run."""
+    """The text tables (`tables_text`) and a plot of round 0 against the last round of each run."""
     tables, curves = [], {}
     for ref in runs:
         path = Path(ref)
@@ -65,8 +69,14 @@ def compare(runs: list[str], out: str | Path = "compare.png", tracking_uri: str 
         tables.append((label, per_round))
         first, last = min(per_round), max(per_round)
         for r in sorted({first, last}):
-            curves[f"{label} round {r}"] = {k: v for k, v in per_round[r].items() if "@" in k}
-    return rounds_table(tables), plot_pass_maj(curves, out)
+            curves[f"{label} round {r}"] = {k: v for k, v in per_round[r].items() if k.startswith(("pass@", "maj@"))}
+    return tables_text(tables), plot_pass_maj(curves, out)
+
+
+def tables_text(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> str:
+    """`rounds_table`, then `best_of_n_table` where any round has best-of-N figures."""
+    bon = best_of_n_table(tables)
+    return rounds_table(tables) + (f"\n\n{bon}" if bon else "")
 
 
 def rounds_table(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> str:
@@ -78,4 +88,32 @@ def rounds_table(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> str:
         for r, m in sorted(per_round.items()):
             cells = "".join(f"{m[c]:>10.3f}" if c in m else f"{'-':>10}" for c in cols)
             lines.append(f"{label:<24}{r:>6}" + cells)
+    return "\n".join(lines)
+
+
+_BASELINES = ("majority", "random")  # best-of-N's picks that use no RM: after the RMs' columns
+
+
+def best_of_n_table(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> str:
+    """One row per (run label, round, N): each RM's best-of-N and weighted vote, majority, random ('-' where absent).
+
+    Empty when no round has a `bon/<what>@N` figure. The RMs' columns are sorted by kind, each pick before its
+    `_vote`, so a run directory and its MLflow run (whose metrics come back in any order) print alike.
+    """
+    found = {tuple(k.removeprefix("bon/").split("@")) for _, pr in tables for m in pr.values() for k in m
+             if k.startswith("bon/")}
+    if not found:
+        return ""
+    what = sorted({w for w, _ in found}, key=lambda w: (_BASELINES.index(w) + 1 if w in _BASELINES else 0,
+                                                        w.removesuffix("_vote"), w.endswith("_vote")))
+    ns = sorted({int(n) for _, n in found})
+    lines = ["best-of-N among the first N samples (<kind>: the RM's top pick; <kind>_vote: its weighted vote)",
+             f"{'run':<24}{'round':>6}{'N':>5}" + "".join(f"{w:>10}" for w in what)]
+    for label, per_round in tables:
+        for r, m in sorted(per_round.items()):
+            for n in ns:
+                cells = [m.get(f"bon/{w}@{n}") for w in what]
+                if any(c is not None for c in cells):
+                    lines.append(f"{label:<24}{r:>6}{n:>5}" + "".join(f"{'-':>10}" if c is None else f"{c:>10.3f}"
+                                                                      for c in cells))
     return "\n".join(lines)

@@ -101,11 +101,14 @@ def _in_order(paths: dict[str, str], kinds: list[str]) -> dict[str, str]:
 
 def best_of_n(scores: dict[str, list[Scores]], correct: list[list[bool]], answers: list[list[str | None]],
               ns: list[int]) -> dict[str, float]:
-    """`bon/<kind>@N` for each RM's per-problem scores, beside `bon/majority@N` and `bon/random@N`, for each N."""
+    """For each N: `bon/<kind>@N` (the sample each RM scores highest) and `bon/<kind>_vote@N` (the RM-weighted
+    majority vote, `evaluate.weighted_vote`) from each RM's per-problem scores, beside `bon/majority@N` and
+    `bon/random@N`; all among the first N samples of each problem."""
     metrics = {}
     for n in ns:
         for kind, per_problem in scores.items():
-            metrics[f"bon/{kind}@{n}"] = best_of_n_accuracy([s.solutions for s in per_problem], correct, answers, n)["rm"]
+            picks = best_of_n_accuracy([s.solutions for s in per_problem], correct, answers, n)
+            metrics[f"bon/{kind}@{n}"], metrics[f"bon/{kind}_vote@{n}"] = picks["rm"], picks["vote"]
         base = best_of_n_accuracy([[0.0] * len(c) for c in correct], correct, answers, n)
         metrics[f"bon/majority@{n}"], metrics[f"bon/random@{n}"] = base["majority"], base["random"]
     return metrics

@@ -1,4 +1,5 @@
-"""Pass@K and Maj@K estimators over n sampled answers per problem, and the Pass/Maj-vs-K plot.
+"""Pass@K and Maj@K estimators over n sampled answers per problem, best-of-N and the RM-weighted vote, and
+the Pass/Maj-vs-K plot.
 
 DeepSeekMath (Shao et al., 2024, Sec. 5.2.2, Fig. 7) reads RL's effect off these two curves: RL sharpens
 the output distribution, so Maj@K rises while Pass@K at large K does not. The estimators here are pure
@@ -285,19 +286,66 @@ def evaluate_policy(
     return PolicyEval(metrics, sampled.texts, answers, correct)
 
 
+def weighted_vote(answers: Sequence[str | None], correct: Sequence[bool], scores: Sequence[float]) -> float:
+    """Expected correctness of the RM-weighted majority vote over these samples (Math-Shepherd, "verification").
+
+    The answer chosen is `argmax_a sum_i 1[a_i = a] * s_i`: each sample votes for its answer with its RM
+    solution score (a PRM's: its `aggregation` over steps, min by default). As in `maj_at_k` (and
+    best-of-N's majority), a no-answer sample (None) never votes, and the answers tied exactly for the most
+    weight split the win uniformly: the result is the share of them that are right. The weights are
+    summed with `math.fsum`, so the result does not depend on the samples' order.
+
+    A score of 0 casts no vote: an answer whose weight is 0 is no better than one never sampled (it could
+    never win `argmax` over all answers). So a problem whose samples all score 0, or have no answer,
+    scores 0. A negative or non-finite score is an error: RM scores are probabilities in [0, 1] here,
+    and a negative vote (a logit passed by mistake) is not defined by the formula.
+
+    Example (the answer "5" is right): majority picks "7" (3 votes), best-of-N picks "9" (score 0.8), the
+    weighted vote picks "5" (0.6 + 0.5 = 1.1 against 7's 0.4 and 9's 0.8):
+
+    >>> weighted_vote(["7", "7", "7", "5", "5", "9"], [0, 0, 0, 1, 1, 0], [0.1, 0.2, 0.1, 0.6, 0.5, 0.8])
+    1.0
+
+    Args:
+        answers: (n,) extracted final answers, None where a completion gave none.
+        correct: (n,) whether each answer is right; equal answers must agree.
+        scores: (n,) each sample's RM solution score, >= 0.
+
+    Returns:
+        The vote's expected correctness in [0, 1].
+
+    Raises:
+        ValueError: lengths differ, an answer is both right and wrong, or a score is negative or not finite.
+    """
+    labels, counts, class_correct = _answer_classes(answers, correct)
+    if len(scores) != len(labels):
+        raise ValueError(f"scores and answers differ in length: {len(scores)} != {len(labels)}")
+    bad = next((i for i, s in enumerate(scores) if not (math.isfinite(s) and s >= 0)), None)
+    if bad is not None:
+        raise ValueError(f"score of sample {bad} is {scores[bad]}: a vote's weight must be a finite score >= 0")
+    weights = [math.fsum(float(s) for s, c in zip(scores, labels) if c == j) for j in range(len(counts))]
+    return float(_vote_scores(np.array([weights]), class_correct)[0])
+
+
 def best_of_n_accuracy(
     scores: Sequence[Sequence[float]], correct: Sequence[Sequence[bool]], answers: Sequence[Sequence[str | None]], n: int
 ) -> dict[str, float]:
-    """Accuracy when picking one of the first `n` samples per problem: by highest RM score, by majority vote,
-    and at random (in expectation). Ties in score go to the earlier sample.
+    """Accuracy when picking one of the first `n` samples per problem: by highest RM score (`rm`), by majority
+    vote, at random (in expectation), and by the RM-weighted vote (`vote`, `weighted_vote`). Ties in score go
+    to the earlier sample; ties in a vote split (the expected correctness).
 
     >>> best_of_n_accuracy([[0.2, 0.9, 0.1]], [[False, True, False]], [["1", "2", "1"]], 3)
-    {'rm': 1.0, 'majority': 0.0, 'random': 0.3333333333333333}
+    {'rm': 1.0, 'majority': 0.0, 'random': 0.3333333333333333, 'vote': 1.0}
     """
-    rm, maj, rnd = [], [], []
-    for s, c, a in zip(scores, correct, answers):
+    rm, maj, rnd, vote = [], [], [], []
+    for p, (s, c, a) in enumerate(zip(scores, correct, answers)):
         s, c, a = list(s)[:n], list(c)[:n], list(a)[:n]
         rm.append(float(c[max(range(len(s)), key=lambda i: (s[i], -i))]))
         maj.append(maj_at_k(a, c, len(a)))
         rnd.append(sum(c) / len(c))
-    return {"rm": float(np.mean(rm)), "majority": float(np.mean(maj)), "random": float(np.mean(rnd))}
+        try:
+            vote.append(weighted_vote(a, c, s))
+        except ValueError as e:
+            raise ValueError(f"problem {p}: {e}") from None
+    return {"rm": float(np.mean(rm)), "majority": float(np.mean(maj)), "random": float(np.mean(rnd)),
+            "vote": float(np.mean(vote))}

@@ -1,5 +1,5 @@
 """A strict config, checked without running: `igrpo check`, a YAML key given twice, an empty config file, and
-`igrpo compare` on something that is not a run.
+`igrpo compare` on something that is not a run, and its best-of-N table.
 
 In-process (`main([...])` returns the exit code; messages on stderr), in a temp working directory, so
 that "nothing was created" can be checked on the directory itself.
@@ -219,3 +219,40 @@ def test_compare_on_a_run_id_the_store_does_not_hold(tmp_path, capsys):
     rc, _, err = cli(capsys, "compare", "0123456789abcdef0123456789abcdef", "--tracking-uri", uri)
     assert_one_line_error(rc, err, f"MLflow run 0123456789abcdef0123456789abcdef not found at {uri}",
                           "give --tracking-uri where it was logged")
+
+
+# --- igrpo compare: best-of-N and the RM-weighted vote ------------------------------------------------------
+
+
+def test_compare_shows_best_of_n_and_the_weighted_vote_from_a_run_dir_and_from_its_mlflow_run(tmp_path, capsys):
+    from pipeline import tracking
+    from pipeline.rundir import write_json_atomic
+
+    # Two rounds of eval.json as the eval phase writes them (figures made up; round 1 has no ORM).
+    curve = {"pass@1": 0.5, "maj@1": 0.5, "pass@2": 0.75, "maj@2": 0.625}
+    bon = {0: {"bon/prm@2": 0.6, "bon/prm_vote@2": 0.7, "bon/orm@2": 0.4, "bon/orm_vote@2": 0.45,
+               "bon/majority@2": 0.55, "bon/random@2": 0.5},
+           1: {"bon/prm@2": 0.65, "bon/prm_vote@2": 0.8, "bon/majority@2": 0.6, "bon/random@2": 0.52}}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = tracking.create_run(tracking.connect(uri, "mini"), "mini")
+    for r in (0, 1):
+        metrics = {"eval/greedy": 0.5, **{f"eval/{k}": v for k, v in curve.items()}, **bon[r], "monitor/prm_gap": 0.1}
+        write_json_atomic(tmp_path / "mini" / f"round-00{r}" / "eval.json", {"round": r, "metrics": metrics,
+                                                                             "curve": curve})
+        tracking.log_metrics(parent, metrics, step=r)  # as the pipeline logs the cross-round figures
+    tracking.finish(parent)
+    assert "bon/prm_vote_at_2" in tracking.MlflowClient().get_run(parent).data.metrics  # MLflow's spelling
+
+    rc, out, _ = cli(capsys, "compare", "mini", parent, "--tracking-uri", uri, "--out", "cmp.png")
+    assert rc == 0
+    passmaj, bon_table = out.split("\n\n")  # the Pass@K / Maj@K table, a blank line, the best-of-N table
+    assert passmaj.splitlines()[0].split() == ["run", "round", "greedy", "pass@1", "maj@1", "pass@2", "maj@2"]
+    *lines, plot = bon_table.splitlines()
+    assert lines[0].startswith("best-of-N among the first N samples") and "_vote: its weighted vote" in lines[0]
+    assert lines[1].split() == ["run", "round", "N", "orm", "orm_vote", "prm", "prm_vote", "majority", "random"]
+    assert len(lines) == 2 + 2 * 2  # title, header, 2 rounds x N = 2 for each source
+    by_dir, by_mlflow = lines[2:4], lines[4:6]
+    assert by_dir[0].split() == ["mini", "0", "2", "0.400", "0.450", "0.600", "0.700", "0.550", "0.500"]
+    assert by_dir[1].split() == ["mini", "1", "2", "-", "-", "0.650", "0.800", "0.600", "0.520"]
+    assert [x.split()[1:] for x in by_mlflow] == [x.split()[1:] for x in by_dir]  # the same figures from MLflow
+    assert plot.strip() == "plot: cmp.png" and (tmp_path / "cmp.png").stat().st_size > 1000

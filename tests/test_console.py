@@ -68,12 +68,15 @@ def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(tmp_path):
     assert figures[0, "reward_model"].startswith("prm/step_auc_mc ") and "orm/auc " in figures[0, "reward_model"]
     assert re.fullmatch(r"eval/greedy [\d.]+  eval/pass@1 [\d.]+  eval/maj@4 [\d.]+  eval/pass@4 [\d.]+",
                         figures[2, "eval"])
-    # The final table: a row per round, then where the run and its MLflow runs are.
+    # The final tables: a row per round; best-of-N, a row per round and N; then where the run and its MLflow runs are.
     table = output[output.index("run                      round"):].splitlines()
     assert table[0].split() == ["run", "round", "greedy", "pass@1", "maj@1", "pass@2", "maj@2", "pass@4", "maj@4"]
     assert [row.split()[:2] for row in table[1:4]] == [["mini", "0"], ["mini", "1"], ["mini", "2"]]
-    assert table[4].startswith(f"run directory: {tmp_path / 'runs' / 'mini'}")
-    assert table[5].startswith("MLflow: parent run ") and "experiment 'mini'" in table[5]
+    assert table[4] == "" and table[5].startswith("best-of-N among the first N samples")
+    assert table[6].split() == ["run", "round", "N", "orm", "orm_vote", "prm", "prm_vote", "majority", "random"]
+    assert [row.split()[:3] for row in table[7:13]] == [["mini", str(r), str(n)] for r in range(3) for n in (2, 4)]
+    assert table[13].startswith(f"run directory: {tmp_path / 'runs' / 'mini'}")
+    assert table[14].startswith("MLflow: parent run ") and "experiment 'mini'" in table[14]
 
 
 @pytest.mark.slow

@@ -1,21 +1,25 @@
-"""Pass@K / Maj@K estimators against plain subset enumeration, worked examples, and the plot."""
+"""Pass@K / Maj@K estimators against plain subset enumeration, the RM-weighted vote against a plain loop,
+worked examples, and the plot."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections import Counter
 from fractions import Fraction
 
 import pytest
 
 from pipeline.evaluate import (
+    best_of_n_accuracy,
     ks_up_to,
     maj_at_k,
     majority_answer,
     pass_at_k,
     plot_pass_maj,
     summarize_samples,
+    weighted_vote,
 )
 
 
@@ -183,3 +187,119 @@ def test_plot_pass_maj_writes_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 1000
     assert [p.name for p in out.parent.iterdir()] == ["pass_maj.png"]  # no temp file left behind
+
+
+# --- RM-weighted majority vote ---
+
+
+def loop_vote(answers, correct, scores) -> float:
+    """Plain loop: exact (Fraction) weight per answer, None and zero weights never lead, ties split evenly."""
+    totals: dict[str, Fraction] = {}
+    for a, s in zip(answers, scores):
+        if a is not None:
+            totals[a] = totals.get(a, Fraction(0)) + Fraction(s)
+    top = max(totals.values(), default=Fraction(0))
+    leaders = [a for a, t in totals.items() if t == top and t > 0]
+    right = {a for a, c in zip(answers, correct) if c}
+    return sum(a in right for a in leaders) / len(leaders) if leaders else 0.0
+
+
+def test_weighted_vote_worked_examples():
+    # Gold "5". Majority: "7" has 3 votes -> wrong. Best-of-N: 0.8 is the top score, on "9" -> wrong.
+    # Weighted: 7 gets 0.1 + 0.2 + 0.1 = 0.4, 5 gets 0.6 + 0.5 = 1.1, 9 gets 0.8 -> "5", right.
+    answers, correct = ["7", "7", "7", "5", "5", "9"], [0, 0, 0, 1, 1, 0]
+    scores = [0.1, 0.2, 0.1, 0.6, 0.5, 0.8]
+    assert weighted_vote(answers, correct, scores) == 1.0
+    assert maj_at_k(answers, correct, 6) == 0.0
+    assert best_of_n_accuracy([scores], [correct], [answers], 6) == pytest.approx(
+        {"rm": 0.0, "majority": 0.0, "random": 2 / 6, "vote": 1.0}, abs=1e-12)
+    # A weighted tie between a right and a wrong answer (0.25 + 0.5 against 0.75) is right half the time.
+    assert weighted_vote(["r", "w", "r"], [1, 0, 1], [0.25, 0.75, 0.5]) == 0.5
+    # A three-way tie with one right answer: 1/3.
+    assert weighted_vote(["a", "b", "c"], [0, 1, 0], [0.5, 0.5, 0.5]) == pytest.approx(1 / 3, abs=1e-12)
+    # None never votes, however high its score: the lone answered sample wins with 0.1.
+    assert weighted_vote([None, "x", None], [0, 1, 0], [0.99, 0.1, 0.9]) == 1.0
+    # No answer at all, or every vote of weight 0: no answer leads, the problem scores 0.
+    assert weighted_vote([None, None], [0, 0], [0.7, 0.2]) == 0.0
+    assert weighted_vote(["x", "y"], [1, 0], [0.0, 0.0]) == 0.0
+    # A zero-score sample adds nothing: "y" (0.3) beats "x" (0 + 0 + 0) despite x's three samples.
+    assert weighted_vote(["x", "x", "x", "y"], [0, 0, 0, 1], [0.0, 0.0, 0.0, 0.3]) == 1.0
+
+
+def test_weighted_vote_does_not_depend_on_sample_order():
+    # Summed left to right, 0.1 + 0.2 + 0.3 is 0.6000000000000001 but 0.3 + 0.2 + 0.1 is 0.6: plain sums
+    # would make "w" win in one order and tie with "r" (0.6) in the other. fsum gives 0.6 in every order.
+    answers, correct, scores = ["w", "w", "w", "r"], [0, 0, 0, 1], [0.1, 0.2, 0.3, 0.6]
+    for order in itertools.permutations(range(4)):
+        pick = lambda xs: [xs[i] for i in order]  # noqa: E731
+        assert weighted_vote(pick(answers), pick(correct), pick(scores)) == 0.5
+
+
+def test_weighted_vote_matches_plain_loop_on_random_inputs():
+    rng = random.Random(0)
+    grid = [i / 8 for i in range(9)]  # exact in binary: sums are exact, so ties (frequent here) are real ties
+    for case in range(600):
+        n = rng.randint(1, 10)
+        gold = rng.choice("abc")
+        answers = [rng.choice(["a", "b", "c", "d", None]) for _ in range(n)]
+        correct = [a == gold for a in answers]
+        scores = [rng.choice(grid) if case % 2 else rng.random() for _ in range(n)]
+        assert weighted_vote(answers, correct, scores) == pytest.approx(loop_vote(answers, correct, scores), abs=1e-12)
+        k = rng.randint(1, n)  # best_of_n_accuracy votes among the first k only
+        assert best_of_n_accuracy([scores], [correct], [answers], k)["vote"] == pytest.approx(
+            loop_vote(answers[:k], correct[:k], scores[:k]), abs=1e-12)
+
+
+def test_weighted_vote_rejects_bad_input():
+    with pytest.raises(ValueError, match="scores and answers differ in length: 1 != 2"):
+        weighted_vote(["a", "b"], [1, 0], [0.5])
+    with pytest.raises(ValueError, match="both correct and wrong"):
+        weighted_vote(["a", "a"], [1, 0], [0.5, 0.5])
+    with pytest.raises(ValueError, match="score of sample 1 is -0.5"):
+        weighted_vote(["a", "b"], [1, 0], [0.5, -0.5])
+    with pytest.raises(ValueError, match="score of sample 0 is nan"):
+        weighted_vote(["a"], [1], [float("nan")])
+    with pytest.raises(ValueError, match="problem 1: score of sample 0 is inf"):
+        best_of_n_accuracy([[0.5], [math.inf]], [[1], [0]], [["a"], ["b"]], 1)
+
+
+def test_best_of_n_accuracy_keeps_its_other_figures_beside_the_vote():
+    # Two problems, first 3 samples. Problem 1: top score 0.9 on a right one (rm 1), majority "1" wrong (0),
+    # 1 right of 3 (random 1/3), vote "1" 0.3 against "2" 0.9 -> right. Problem 2: top score 0.3 on "5"
+    # (rm 0; the 0.9 of sample 4 is past N), majority "4" (right), 2 of 3 (random 2/3), vote "4" 0.2 + 0.2
+    # = 0.4 against "5" 0.3 -> right. So the vote beats every other pick here.
+    scores = [[0.2, 0.9, 0.1, 1.0], [0.2, 0.2, 0.3, 0.9]]
+    correct = [[False, True, False, True], [True, True, False, False]]
+    answers = [["1", "2", "1", "2"], ["4", "4", "5", None]]
+    assert best_of_n_accuracy(scores, correct, answers, 3) == pytest.approx(
+        {"rm": 0.5, "majority": 0.5, "random": 0.5, "vote": 1.0}, abs=1e-12)
+    # All-zero scores (best_of_n's baseline call) do not crash: no weighted vote is cast.
+    assert best_of_n_accuracy([[0.0] * 4] * 2, correct, answers, 4)["vote"] == 0.0
+
+
+def test_eval_phase_best_of_n_gives_each_rms_vote_beside_its_pick_majority_and_random():
+    from pipeline.eval_phase import best_of_n
+    from pipeline.scorers import Scores
+    from pipeline.tracking import metric_name
+
+    # One problem, 4 samples, "5" right. PRM solution scores (with step scores: only `solutions` counts);
+    # ORM scores rank the two "5"s last.
+    answers, correct = [["7", "5", "7", "5"]], [[False, True, False, True]]
+    scores = {"prm": [Scores([0.2, 0.6, 0.3, 0.3], [[0.2], [0.6], [0.3], [0.3]])],
+              "orm": [Scores([0.9, 0.1, 0.8, 0.2])]}
+    metrics = best_of_n(scores, correct, answers, [2, 4])
+    assert list(metrics) == [f"bon/{w}@{n}" for n in (2, 4)
+                             for w in ("prm", "prm_vote", "orm", "orm_vote", "majority", "random")]
+    assert metrics == pytest.approx({
+        # N = 2 ("7" 0.2, "5" 0.6 by the PRM; 0.9 and 0.1 by the ORM): one vote each, a majority tie.
+        "bon/prm@2": 1.0, "bon/prm_vote@2": 1.0, "bon/orm@2": 0.0, "bon/orm_vote@2": 0.0,
+        "bon/majority@2": 0.5, "bon/random@2": 0.5,
+        # N = 4: PRM "7" 0.5 against "5" 0.9 -> right; ORM "7" 1.7 against "5" 0.3 -> wrong; majority 2-2 tie.
+        "bon/prm@4": 1.0, "bon/prm_vote@4": 1.0, "bon/orm@4": 0.0, "bon/orm_vote@4": 0.0,
+        "bon/majority@4": 0.5, "bon/random@4": 0.5}, abs=1e-12)
+    # The PRM's vote differs from its pick where two mid scores outweigh a top one: 0.4 + 0.4 > 0.7.
+    flip = best_of_n({"prm": [Scores([0.7, 0.4, 0.4])]}, [[True, False, False]], [["5", "7", "7"]], [3])
+    assert (flip["bon/prm@3"], flip["bon/prm_vote@3"]) == (1.0, 0.0)
+    # MLflow's names, as `tracking.log_metrics` writes them on the parent run.
+    assert [metric_name(k) for k in flip] == ["bon/prm_at_3", "bon/prm_vote_at_3", "bon/majority_at_3",
+                                              "bon/random_at_3"]

@@ -1,4 +1,5 @@
-"""bench/experiments.py: a rebuilt report keeps the verdicts written by hand under its sections."""
+"""bench/experiments.py: a rebuilt report keeps the verdicts written by hand under its sections; the best-of-N
+section from constructed run directories."""
 
 import importlib.util
 import os
@@ -35,3 +36,47 @@ def test_rebuilt_report_keeps_each_sections_verdict_in_its_own_section(tmp_path)
     assert "B held,\non two lines." in sections[2] and ph not in sections[2]
     assert ph in sections[3] and "stale" not in text
     assert ex.keep_verdicts(fresh, tmp_path / "missing.md") == fresh
+
+
+def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp_path, monkeypatch):
+    import argparse
+
+    from pipeline.rundir import Manifest, phase_key
+
+    ex = load_experiments()
+    picks = ("prm", "prm_vote", "orm", "orm_vote", "majority", "random")
+    # The prm arm, seeds 0 and 1, rounds 0 and 1, as the pipeline records them: pick i at N in round r scores
+    # 0.1 i + 0.05 N + 0.01 r in seed 0, 0.2 more in seed 1 (so each cell is that + 0.1 ± 0.141).
+    for seed, shift in ((0, 0.0), (1, 0.2)):
+        phases = {}
+        for r in (0, 1):
+            bon = {f"bon/{w}@{n}": 0.1 * i + 0.05 * n + 0.01 * r + shift
+                   for i, w in enumerate(picks) for n in (2, 4)}
+            phases[phase_key(r, "eval")] = {"metrics": {"eval/greedy": 0.5, "eval/maj@8": 0.5, **bon}}
+        Manifest(tmp_path / "runs" / f"prm-s{seed}", {"config": {}, "phases": phases, "mlflow": {}}).save()
+    a = argparse.Namespace(runs_dir=str(tmp_path / "runs"), seeds=[0, 1], rounds=1, out=str(tmp_path / "docs"),
+                           smoke=True, experiment="x", tracking_uri=None, mc_prompts=4)
+    drawn = {}
+    real_plot = ex.plot_lines
+
+    def plot_lines(path, panels, *args, **kwargs):  # the real plot, its panels kept to be read
+        drawn[path.name] = panels
+        return real_plot(path, panels, *args, **kwargs)
+
+    monkeypatch.setattr(ex, "plot_lines", plot_lines)
+    text = ex.report(ex.Experiments(a), "python bench/experiments.py --smoke", None, log=False).read_text()
+
+    section = text.split("\n## 5. ")[1].split("\n## ")[0]
+    assert "RM-weighted majority vote" in section
+    header, _, row2, row4 = [line for line in section.splitlines() if line.startswith("|")]
+    labels = ["PRM", "PRM vote", "ORM", "ORM vote", "majority", "random"]
+    assert header == "| " + " | ".join(["N"] + [f"{x} r{r}" for r in (0, 1) for x in labels]) + " |"
+    cells = row2.strip("| ").split(" | ")
+    # N = 2, round 0: PRM 0.1 and 0.3 -> 0.2; PRM vote 0.2 and 0.4 -> 0.3; ORM vote (i = 3) 0.5.
+    assert cells[:5] == ["2", "0.200 ± 0.141", "0.300 ± 0.141", "0.400 ± 0.141", "0.500 ± 0.141"]
+    # N = 4, round 1: PRM vote 0.1 + 0.2 + 0.01 + 0.1 = 0.41; random (i = 5) 0.81.
+    assert [row4.strip("| ").split(" | ")[i] for i in (8, 12)] == ["0.410 ± 0.141", "0.810 ± 0.141"]
+    panels = drawn["best_of_n.png"]
+    assert [title for title, _, _ in panels] == ["best-of-N, round 0", "best-of-N, round 1"]
+    assert list(panels[1][2]) == labels and panels[1][2]["ORM vote"][0] == [2, 4]
+    assert (tmp_path / "docs" / "img" / "best_of_n.png").stat().st_size > 1000

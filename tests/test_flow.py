@@ -31,7 +31,7 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
     # Cross-round metrics on the parent, step = round.
     metrics = client.get_run(parent).data.metrics
     for key in ("eval/greedy", "eval/pass_at_4", "eval/maj_at_2", "prm/mean_score", "collect/he_gold_agreement",
-                "monitor/prm_gap", "policy/reward_end", "bon/prm@4".replace("@", "_at_")):
+                "monitor/prm_gap", "policy/reward_end", "bon/prm_at_4", "bon/prm_vote_at_4", "bon/orm_vote_at_2"):
         assert key in metrics, key
     # TRL's own metrics landed in the GRPO phase's run.
     s = mlflow_structure("mini")
@@ -57,15 +57,20 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
     # Plots and eval files.
     assert (cfg.run_dir / "pass_maj_rounds.png").stat().st_size > 1000
     assert read_json(cfg.run_dir / "round-002" / "eval.json")["round"] == 2
-    # `igrpo compare`: the run directory and the MLflow parent run give the same table.
+    # `igrpo compare`: the run directory and the MLflow parent run give the same tables.
     from pipeline.compare import compare
 
-    table, png = compare([str(cfg.run_dir), parent], tmp_path / "cmp.png", mlflow_tmp)
-    lines = table.splitlines()
-    assert lines[0].split()[:3] == ["run", "round", "greedy"] and "maj@4" in lines[0]
-    assert len(lines) == 1 + 2 * (ROUNDS + 1)
-    by_dir, by_mlflow = lines[1 : ROUNDS + 2], lines[ROUNDS + 2 :]
+    text, png = compare([str(cfg.run_dir), parent], tmp_path / "cmp.png", mlflow_tmp)
+    table, bon = (part.splitlines() for part in text.split("\n\n"))
+    assert table[0].split()[:3] == ["run", "round", "greedy"] and "maj@4" in table[0]
+    assert len(table) == 1 + 2 * (ROUNDS + 1)
+    by_dir, by_mlflow = table[1 : ROUNDS + 2], table[ROUNDS + 2 :]
     assert [x.split()[1:] for x in by_dir] == [x.split()[1:] for x in by_mlflow]
+    # Best-of-N (N = 2, 4): each RM's pick and weighted vote, majority, random, from both sources alike.
+    assert bon[1].split() == ["run", "round", "N", "orm", "orm_vote", "prm", "prm_vote", "majority", "random"]
+    rows = 2 * (ROUNDS + 1)
+    assert len(bon) == 2 + 2 * rows and all("-" not in x.split() for x in bon[2:])
+    assert [x.split()[1:] for x in bon[2 : 2 + rows]] == [x.split()[1:] for x in bon[2 + rows :]]
     assert png.stat().st_size > 1000
 
 

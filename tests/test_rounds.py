@@ -174,11 +174,13 @@ def test_igrpo_eval_gives_best_of_n_for_the_reward_models_given_and_skips_the_re
 
     assert main([*base, "--reward-model", f"prm={prm}", "--out", str(tmp_path / "prm.json")]) == 0
     with_prm = read_json(tmp_path / "prm.json")["metrics"]
-    assert {"bon/prm@2", "bon/prm@4"} <= set(with_prm) and not any(k.startswith("bon/orm") for k in with_prm)
+    assert {"bon/prm@2", "bon/prm@4", "bon/prm_vote@2", "bon/prm_vote@4"} <= set(with_prm)
+    assert not any(k.startswith("bon/orm") for k in with_prm)
     timings = ("eval/completions_per_s",)
     assert {k: v for k, v in with_prm.items() if k in plain and k not in timings} == {
         k: v for k, v in plain.items() if k not in timings}  # the same seeded samples
-    assert "bon/prm@4" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "bon/prm@4" in printed and f"{'bon/prm_vote@4':<20}{with_prm['bon/prm_vote@4']:>10.4f}" in printed
 
     assert main([*base, "--reward-model", str(prm)]) == 2
     assert "--reward-model takes KIND=PATH" in capsys.readouterr().err
