@@ -44,9 +44,15 @@ from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic  # 
 EXPERIMENT = "iterative-grpo-experiments"
 SUPERVISION_ARMS = ("prm", "orm", "verifier", "rft")
 RM_ARMS = ("prm", "frozen", "noreplay")
-ARMS = ("prm", "orm", "verifier", "rft", "frozen", "noreplay")
+# Hybrid supervision (verifier outcome advantage + w * PRM process advantage): a grid of credit and weight run
+# on the first seed only; the best of it (section 6) is then run on the other seeds with `--only <arm>`.
+HYBRID_GRID = (("sum", 0.3), ("sum", 1.0), ("min", 0.3), ("min", 1.0))
+HYBRID_ARMS = tuple(f"hybrid-{credit}-w{w:g}" for credit, w in HYBRID_GRID)
+ARMS = ("prm", "orm", "verifier", "rft", "frozen", "noreplay", *HYBRID_ARMS, "oracle")
 LABELS = {"prm": "GRPO + PRM (process)", "orm": "GRPO + ORM (outcome)", "verifier": "GRPO + verifier (outcome)",
-          "rft": "Online RFT (verifier)", "frozen": "PRM frozen at round 0", "noreplay": "PRM retrained, no replay"}
+          "rft": "Online RFT (verifier)", "frozen": "PRM frozen at round 0", "noreplay": "PRM retrained, no replay",
+          **{arm: f"hybrid, {c} credit, w = {w:g}" for arm, (c, w) in zip(HYBRID_ARMS, HYBRID_GRID)},
+          "oracle": "GRPO + oracle PRM (gold step labels)"}
 MC_NS = (1, 2, 4, 8, 16)
 
 # Mini sizes (tests/conftest.py's mini_config): the whole smoke run in a few minutes.
@@ -74,6 +80,9 @@ def arm_overrides(arm: str, smoke: bool) -> list[str]:
         "rft": ["supervision.mode=rft"],
         "frozen": ["reward_model.retrain=false"],
         "noreplay": ["reward_model.replay_fraction=0"],
+        **{arm: ["supervision.mode=hybrid", f"supervision.process_credit={c}", f"supervision.process_weight={w:g}"]
+           for arm, (c, w) in zip(HYBRID_ARMS, HYBRID_GRID)},
+        "oracle": ["reward_model.oracle=gold"],
     }[arm]
 
 
@@ -414,6 +423,8 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
            table(["N"] + [f"{label} r{r}" for r in sorted({0, last}) for label in picks.values()], rows),
            "", "![Best-of-N against N](img/best_of_n.png)", "", PLACEHOLDER]
 
+    md += issue16_section(ex, data, seeds, rounds, img)
+
     # Per-seed values.
     rows = [[arm, str(s)] + [f"{m[r]['eval/maj@8']:.3f}" if "eval/maj@8" in m.get(r, {}) else "-"
                              for r in rounds]
@@ -426,6 +437,75 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
     if log:
         _log_summary(ex, path, img)
     return path
+
+
+def at(data: dict, arm: str, seed: int, r: int, key: str) -> float | None:
+    return data.get(arm, {}).get(seed, {}).get(r, {}).get(key)
+
+
+def paired(data: dict, arm: str, base: str, r: int, key: str) -> list[float]:
+    """Per-seed differences `arm - base` of `key` at round r, over the seeds both finished."""
+    return [m[r][key] - data[base][s][r][key] for s, m in data.get(arm, {}).items()
+            if r in m and key in m[r] and key in data.get(base, {}).get(s, {}).get(r, {})]
+
+
+SHARE = "policy/process_variance_share"
+
+
+def chosen_hybrid(data: dict, seed: int, last: int) -> str | None:
+    """The hybrid arm of the grid with the best Maj@8 at the last round on `seed`, among those whose PRM term carries
+    at least 20% of the advantages' variance in every RL round (issue 16's condition; none: the best of all)."""
+    done = [arm for arm in HYBRID_ARMS if at(data, arm, seed, last, "eval/maj@8") is not None]
+    eligible = [arm for arm in done if all((at(data, arm, seed, r, SHARE) or 0) >= 0.2 for r in range(1, last + 1))]
+    return max(eligible or done, key=lambda arm: at(data, arm, seed, last, "eval/maj@8"), default=None)
+
+
+def issue16_section(ex: Experiments, data: dict, seeds: list[int], rounds: list[int], img: Path) -> list[str]:
+    """Section 6: hybrid credit (grid on the first seed, then the chosen arm on every seed), the oracle PRM, and
+    what limits the PRM (bench/prm_study.py's table when it has run)."""
+    last, s0, n = rounds[-1], seeds[0], len(seeds)
+    grid = ["verifier", "prm", *HYBRID_ARMS, "oracle"]
+    rows = [[LABELS[arm]] + [f"{v:.3f}" if (v := at(data, arm, s0, r, "eval/maj@8")) is not None else "-" for r in rounds]
+            + [f"{v:.2f}" if (v := at(data, arm, s0, r, SHARE)) is not None else "-" for r in rounds[1:]]
+            for arm in grid if arm in data]
+    chosen = chosen_hybrid(data, s0, last)
+    compared = ["verifier", "prm", *([chosen] if chosen else []), "oracle"]
+    rows3 = [[LABELS[arm]] + [fmt(values(data, arm, r, "eval/maj@8"), n) for r in rounds]
+             + [fmt(d := paired(data, arm, "verifier", last, "eval/maj@8"), n) if arm != "verifier" else "-",
+                f"{sum(x >= 0 for x in d)} of {len(d)}" if arm != "verifier" else "-",
+                fmt(values(data, arm, last, SHARE), n) if arm == chosen else "-"]
+             for arm in compared if arm in data]
+    plot_lines(img / "pay_their_way.png", [
+        ("Maj@8 per round", "accuracy", {LABELS[x]: by_round(data, x, rounds, "eval/maj@8") for x in compared})],
+        "round")
+    auc = [[str(s)] + [f"{v:.3f}" if (v := at(data, "prm", s, r, "prm/step_auc_gold")) is not None else "-"
+                       for r in rounds] for s in seeds if s in data.get("prm", {})]
+    md = ["", "## 6. Do the learned reward models pay their way? Hybrid credit, an oracle PRM, the PRM's quality", "",
+          "Hybrid supervision (`supervision.mode: hybrid`): each token's advantage is the verifier's group-normalised "
+          "outcome advantage plus `w` times the PRM's process advantage, with DeepSeekMath's summed credit or PURE's "
+          "min-form credit (arXiv 2504.15275). The oracle arm is process supervision with the exact gold step labels "
+          "as step rewards (`reward_model.oracle: gold`): the upper bound of any PRM here. The PRM share is "
+          f"`{SHARE}`, Var(w P) / (Var(O) + Var(w P)) over the tokens in the loss, per RL round.", "",
+          f"Grid on seed {s0} (Maj@8 by round, then the PRM share of the advantages' variance by RL round):", "",
+          table(["arm"] + [f"Maj@8 r{r}" for r in rounds] + [f"PRM share r{r}" for r in rounds[1:]], rows), "",
+          f"Chosen on seed {s0}: {LABELS.get(chosen, 'none yet')} (best Maj@8 at round {last} among the grid arms whose "
+          "PRM term carries >= 20% of the variance in every RL round). Every seed:", "",
+          table(["arm"] + [f"Maj@8 r{r}" for r in rounds] + [f"Δ vs verifier r{last}", "seeds >= verifier",
+                                                             f"PRM share r{last}"], rows3),
+          "", "![Maj@8 per round: verifier, PRM, hybrid, oracle](img/pay_their_way.png)", "",
+          "The prm arm's held-out PRM step AUC against gold (`prm/step_auc_gold`, the pipeline's held-out slice), by "
+          "seed and round:", "", table(["seed"] + [f"round {r}" for r in rounds], auc)]
+    study = sorted(ex.runs_dir.glob("*/prm_study/results.json"))
+    if study:
+        from prm_study import table as study_table
+
+        saved = read_json(study[0])
+        md += ["", f"What limits the PRM (`python bench/prm_study.py --run {saved['run']}`): each variant retrains the "
+               "PRM round after round on that run's shards; step AUC against gold on the round's policy sampled "
+               f"{saved.get('samples_per_test_problem')} times on every held-out test problem (in brackets: on the "
+               "pipeline's held-out slice of the shard).", "",
+               study_table(saved["results"], sorted({int(r) for v in saved["results"].values() for r in v}))]
+    return md + ["", PLACEHOLDER]
 
 
 def keep_verdicts(text: str, old: Path) -> str:
@@ -496,6 +576,8 @@ def main() -> None:
             if "mc" in wanted:
                 ex.unit(f"mc-s{seed}", lambda s=seed: ex.mc(s))
             for arm in (x for x in ARMS if x in wanted):
+                if arm in HYBRID_ARMS and seed != a.seeds[0] and arm not in (a.only or []):
+                    continue  # the grid is chosen on the first seed; only the chosen arm is asked for by name
                 ex.unit(f"{arm}-s{seed}", lambda x=arm, s=seed: ex.arm(x, s))
             report(ex, command, time.perf_counter() - start, log=False)
     path = report(ex, command, None if a.report_only else time.perf_counter() - start)

@@ -80,3 +80,19 @@ def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp
     assert [title for title, _, _ in panels] == ["best-of-N, round 0", "best-of-N, round 1"]
     assert list(panels[1][2]) == labels and panels[1][2]["ORM vote"][0] == [2, 4]
     assert (tmp_path / "docs" / "img" / "best_of_n.png").stat().st_size > 1000
+
+
+def test_the_hybrid_arm_is_chosen_by_maj8_among_those_whose_prm_term_carries_a_fifth_of_the_variance():
+    ex = load_experiments()
+    sum_lo, sum_hi, min_lo, min_hi = ex.HYBRID_ARMS
+
+    def arm(maj, shares):  # rounds 0..2 of one seed; the shares of RL rounds 1 and 2
+        return {0: {"eval/maj@8": 0.7}, **{r: {"eval/maj@8": maj, ex.SHARE: s} for r, s in zip((1, 2), shares)}}
+
+    data = {sum_lo: {0: arm(0.95, (0.1, 0.3))},  # best Maj@8, but its PRM term is under 20% in round 1
+            sum_hi: {0: arm(0.90, (0.5, 0.6))}, min_hi: {0: arm(0.92, (0.4, 0.2))}, min_lo: {1: arm(0.99, (0.5, 0.5))}}
+    assert ex.chosen_hybrid(data, 0, 2) == min_hi  # min_lo ran on another seed only
+    assert ex.chosen_hybrid({sum_lo: data[sum_lo]}, 0, 2) == sum_lo  # none eligible: the best of those run
+    assert ex.chosen_hybrid({}, 0, 2) is None
+    assert ex.paired({min_hi: data[min_hi], "verifier": {0: arm(0.9, (0, 0))}}, min_hi, "verifier", 2,
+                     "eval/maj@8") == [0.92 - 0.9]
