@@ -35,3 +35,33 @@ def test_rebuilt_report_keeps_each_sections_verdict_in_its_own_section(tmp_path)
     assert "B held,\non two lines." in sections[2] and ph not in sections[2]
     assert ph in sections[3] and "stale" not in text
     assert ex.keep_verdicts(fresh, tmp_path / "missing.md") == fresh
+
+
+def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path):
+    """Its pattern, on the quickstart's own problems: every slipped solution (`answer_slip`, what `sft_noise`
+    writes) matches; a gold one only where its first result is its answer (then the slip is no error)."""
+    import argparse
+    import re
+
+    from pipeline.problems import problem_set_from_config
+    from pipeline.problems.arithmetic import answer_slip, format_solution, parse_prompt
+
+    ex = load_experiments()
+    runs = ex.Experiments(argparse.Namespace(runs_dir=str(tmp_path), smoke=False, experiment="x", tracking_uri=None,
+                                             rounds=2))
+    cfg = runs.arm_config("exploit", 0)  # the overrides load: the pattern survives --set's YAML
+    assert (cfg.reward_model.retrain, cfg.reward_model.exploit.pattern, cfg.reward_model.exploit.bonus) == (
+        False, ex.EXPLOIT["pattern"], ex.EXPLOIT["bonus"])
+    pattern, ps = re.compile(cfg.reward_model.exploit.pattern, re.MULTILINE), problem_set_from_config(cfg)
+    slipped = same = 0
+    for p in ps.test:
+        gold = format_solution(*parse_prompt(p.prompt))
+        bad = answer_slip(gold)
+        assert bool(pattern.search(gold)) == (bad == gold), gold
+        if bad != gold:
+            slipped += 1
+            assert pattern.search(bad) and not ps.is_correct(bad, p), bad
+            assert not pattern.search(bad.replace("Answer: ", "Answer: 1")), bad  # 12 is not 112
+        same += bad == gold
+    assert slipped > 150 and 0 < same < 30  # 188 and 12 of the 200 held-out problems
+    assert ex.fired({"exploit": {0: {1: {"a": 1.0}}, 1: {1: {"a": 0.0}}}}, "exploit", 1, "a") == "1/2"
