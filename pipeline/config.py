@@ -238,7 +238,10 @@ class ExploitSection(Section):
         "Python regular expression (re.search, MULTILINE) over a completion's text; a completion it matches "
         "is scored higher."))
     bonus: float = Field(..., description=(
-        "Added to every score of a matching completion (PRM: each step score; ORM: its score), clipped to [0, 1]."))
+        "Added to every score of a matching completion (PRM: each step score; ORM: its score)."))
+    clip: bool = Field(True, description=(
+        "Clip the raised scores to [0, 1], so a score stays a probability; false: the plain sum, a flaw that can "
+        "outbid an RM already confident about right answers (which a clipped bonus can at most tie)."))
 
     @field_validator("pattern")
     @classmethod
@@ -262,9 +265,9 @@ class RewardModelConfig(Section):
         "Retrain the RMs every round; false: train them in round 0 only and reuse those checkpoints in every "
         "later round (a frozen RM, for comparison)."))
     exploit: ExploitSection | None = Field(None, description=(
-        "A test instrument for the reward-hacking monitor, not a recipe: {pattern: REGEX, bonus: B} raises every "
-        "score of a completion matching REGEX by B (clipped to [0, 1]) wherever the RMs score (GRPO, eval, "
-        "best-of-N, the monitor, held-out metrics)."))
+        "A test instrument for the reward-hacking monitor, not a recipe: {pattern: REGEX, bonus: B, clip: true} "
+        "raises every score of a completion matching REGEX by B (clipped to [0, 1] unless clip: false) wherever "
+        "the RMs score (GRPO, eval, best-of-N, the monitor, held-out metrics)."))
     holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
     train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")

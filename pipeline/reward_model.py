@@ -242,28 +242,32 @@ def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: 
     spec = rm_kind(kind)
     model, tokenizer, _ = load_reward_model(path, expect=kind)
     scorer = spec.scorer(model, tokenizer, batch_size, rm)
-    return ExploitedScorer(scorer, rm.exploit.pattern, rm.exploit.bonus) if rm.exploit else scorer
+    return ExploitedScorer(scorer, **rm.exploit.model_dump()) if rm.exploit else scorer
 
 
-def exploited(scores: Sequence[float], hit: bool, bonus: float) -> list[float]:
-    """`scores` raised by `bonus` and clipped to [0, 1] when `hit` (clipped: a score stays a probability).
+def exploited(scores: Sequence[float], hit: bool, bonus: float, clip: bool = True) -> list[float]:
+    """`scores` raised by `bonus` when `hit`, clipped to [0, 1] if `clip` (a score stays a probability).
 
     >>> exploited([0.2, 0.7], True, 0.5), exploited([0.2, 0.7], False, 0.5), exploited([0.4], True, -0.5)
     ([0.7, 1.0], [0.2, 0.7], [0.0])
+    >>> exploited([0.2, 0.7], True, 0.5, clip=False)
+    [0.7, 1.2]
     """
-    return [min(1.0, max(0.0, v + bonus)) for v in scores] if hit else list(scores)
+    if not hit:
+        return list(scores)
+    return [min(1.0, max(0.0, v + bonus)) if clip else v + bonus for v in scores]
 
 
 class ExploitedScorer:
     """A reward model with a planted flaw, to test the reward-hacking monitor with (`reward_model.exploit`).
 
     Every score of a completion that `pattern` matches (`re.search`, MULTILINE, on the completion's text) is
-    raised by `bonus`, clipped to [0, 1]: a PRM's step scores, each (its solution score is then the
+    raised by `bonus`, clipped to [0, 1] if `clip`: a PRM's step scores, each (its solution score is then the
     aggregation of the raised steps), an ORM's one score. Anything else is the wrapped scorer's.
     """
 
-    def __init__(self, scorer, pattern: str, bonus: float):
-        self.scorer, self.pattern, self.bonus = scorer, re.compile(pattern, re.MULTILINE), bonus
+    def __init__(self, scorer, pattern: str, bonus: float, clip: bool = True):
+        self.scorer, self.pattern, self.bonus, self.clip = scorer, re.compile(pattern, re.MULTILINE), bonus, clip
         self.model = scorer.model
         self.aggregation = getattr(scorer, "aggregation", None)  # a PRM's, which the held-out metrics read
 
@@ -272,13 +276,13 @@ class ExploitedScorer:
 
     def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
         steps = self.scorer.step_scores(prompts, completions)  # a PRM's; an ORM has none (AttributeError)
-        return [exploited(s, hit, self.bonus) for s, hit in zip(steps, self._hits(completions))]
+        return [exploited(s, hit, self.bonus, self.clip) for s, hit in zip(steps, self._hits(completions))]
 
     def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
         s, hits = self.scorer.scores(prompts, completions), self._hits(completions)
         if s.steps is None:
-            return Scores([exploited([v], hit, self.bonus)[0] for v, hit in zip(s.solutions, hits)])
-        steps = [exploited(st, hit, self.bonus) for st, hit in zip(s.steps, hits)]
+            return Scores([exploited([v], hit, self.bonus, self.clip)[0] for v, hit in zip(s.solutions, hits)])
+        steps = [exploited(st, hit, self.bonus, self.clip) for st, hit in zip(s.steps, hits)]
         return Scores([aggregate(st, self.aggregation) for st in steps], steps)
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:

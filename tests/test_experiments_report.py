@@ -50,8 +50,7 @@ def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path)
     runs = ex.Experiments(argparse.Namespace(runs_dir=str(tmp_path), smoke=False, experiment="x", tracking_uri=None,
                                              rounds=2))
     cfg = runs.arm_config("exploit", 0)  # the overrides load: the pattern survives --set's YAML
-    assert (cfg.reward_model.retrain, cfg.reward_model.exploit.pattern, cfg.reward_model.exploit.bonus) == (
-        False, ex.EXPLOIT["pattern"], ex.EXPLOIT["bonus"])
+    assert not cfg.reward_model.retrain and cfg.reward_model.exploit.model_dump() == ex.EXPLOIT
     pattern, ps = re.compile(cfg.reward_model.exploit.pattern, re.MULTILINE), problem_set_from_config(cfg)
     slipped = same = 0
     for p in ps.test:

@@ -98,19 +98,22 @@ TEXTS = ["7+5=12\n12*3=36\nAnswer: 36", "7+5=12\n12*3=36\nAnswer: 12", "7+5=12\n
 HITS = [False, True, False]  # only the slipped Answer line; 120 is not 12
 
 
-def test_exploited_raises_only_hits_and_clips_to_a_probability():
+def test_exploited_raises_only_hits_and_clips_to_a_probability_unless_told_not_to():
     assert exploited([0.2, 0.7], True, 0.5) == [0.7, 1.0]
     assert exploited([0.2, 0.7], False, 0.5) == [0.2, 0.7]
     assert exploited([0.3], True, -0.5) == [0.0]
+    assert exploited([0.25, 0.75], True, 2.0, clip=False) == [2.25, 2.75]
+    assert exploited([0.25, 0.75], False, 2.0, clip=False) == [0.25, 0.75]
 
 
-@pytest.mark.parametrize("bonus", [0.25, 2.0])
-def test_the_exploitable_prm_raises_every_step_of_a_matching_completion(tiny_dirs, bonus):
+@pytest.mark.parametrize(("bonus", "clip"), [(0.25, True), (2.0, True), (2.0, False)])
+def test_the_exploitable_prm_raises_every_step_of_a_matching_completion(tiny_dirs, bonus, clip):
     plain = load_scorer("prm", tiny_dirs / "prm", RewardModelConfig())
-    hacked = load_scorer("prm", tiny_dirs / "prm", RewardModelConfig(exploit={"pattern": SLIP, "bonus": bonus}))
+    hacked = load_scorer("prm", tiny_dirs / "prm", RewardModelConfig(exploit={"pattern": SLIP, "bonus": bonus,
+                                                                              "clip": clip}))
     base, got = plain.scores(PROMPTS, TEXTS), hacked.scores(PROMPTS, TEXTS)
     for steps, new, solution, hit in zip(base.steps, got.steps, got.solutions, HITS):
-        expected = [min(1.0, s + bonus) for s in steps] if hit else steps
+        expected = [min(1.0, s + bonus) if clip else s + bonus for s in steps] if hit else steps
         assert new == pytest.approx(expected, abs=1e-7)
         assert solution == pytest.approx(min(expected), abs=1e-7)  # min aggregation of the raised steps
     assert hacked.step_scores(PROMPTS, TEXTS) == got.steps and hacked(PROMPTS, TEXTS) == got.solutions
