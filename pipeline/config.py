@@ -249,6 +249,28 @@ class CollectConfig(SamplingConfig):
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray: GPUs reserved by each worker's task (1 on a GPU node).")
 
 
+class ExploitSection(Section):
+    """A deliberately exploitable RM, to test the reward-hacking monitor with; not a recipe."""
+
+    pattern: str = Field(..., description=(
+        "Python regular expression (re.search, MULTILINE) over a completion's text; a completion it matches "
+        "is scored higher."))
+    bonus: float = Field(..., description=(
+        "Added to every score of a matching completion (PRM: each step score; ORM: its score)."))
+    clip: bool = Field(True, description=(
+        "Clip the raised scores to [0, 1], so a score stays a probability; false: the plain sum, a flaw that can "
+        "outbid an RM already confident about right answers (which a clipped bonus can at most tie)."))
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v, re.MULTILINE)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression ({e}): {v!r}") from None
+        return v
+
+
 class RewardModelConfig(Section):
     kinds: list[str] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
     target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")
@@ -260,6 +282,10 @@ class RewardModelConfig(Section):
     retrain: bool = Field(True, description=(
         "Retrain the RMs every round; false: train them in round 0 only and reuse those checkpoints in every "
         "later round (a frozen RM, for comparison)."))
+    exploit: ExploitSection | None = Field(None, description=(
+        "A test instrument for the reward-hacking monitor, not a recipe: {pattern: REGEX, bonus: B, clip: true} "
+        "raises every score of a completion matching REGEX by B (clipped to [0, 1] unless clip: false) wherever "
+        "the RMs score (GRPO, eval, best-of-N, the monitor, held-out metrics)."))
     holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
     train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")
@@ -291,6 +317,9 @@ class EvalConfig(SamplingConfig):
     samples_per_problem: int = Field(16, ge=1, description="n samples per problem for Pass@K and Maj@K.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature (DeepSeekMath uses 0.7).")
     best_of_n: list[int] = Field([4, 16], description="N for best-of-N with each RM (each <= samples_per_problem).")
+    monitor_threshold: float = Field(0.1, ge=0, description=(
+        "The reward-hacking monitor's alarm: fires when an RM's gap (mean score - accuracy) on the fresh samples "
+        "exceeds its gap on its own held-out slice by more than this."))
 
 
 class TrackingConfig(Section):

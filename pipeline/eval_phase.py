@@ -44,7 +44,8 @@ def run_eval_phase(
     Args:
         reward_models: kind -> checkpoint, for best-of-N (none: skipped).
         trained_against: kind -> the RM the policy was trained against (the previous round's), for the
-            hacking monitor on the fresh samples of `shard_path` (either missing: skipped).
+            hacking monitor on the fresh samples of `shard_path` (either missing: skipped), against the
+            calibration kept in that checkpoint where it has one (`monitor_figures`).
         json_path, plot_path: where eval.json and the Pass@K / Maj@K plot go (None: not written).
 
     The sample tables (`tracking.sample_table_rows` rows; `pipeline.sample_tables`) come with the result:
@@ -82,7 +83,9 @@ def run_eval_phase(
             same = path == reward_models.get(kind)
             scorer = scorers[kind] if same else load_scorer(kind, path, cfg.reward_model, e.batch_size)
             fresh[kind] = scorer.scores([x["prompt"] for x in shard], [x["completion"] for x in shard])
-            metrics[f"monitor/{kind}_gap"] = hacking_gap(fresh[kind].solutions, [x["outcome"] for x in shard])
+            figures = monitor_figures(fresh[kind].solutions, [x["outcome"] for x in shard],
+                                      fresh_calibration(path, shard), e.monitor_threshold)
+            metrics |= {f"monitor/{kind}_{name}": v for name, v in figures.items()}
         tables["collect"] = sample_table(shard, fresh, rows, seed, scored_by(trained_against, cfg.run_dir))
 
     curve = {k: v for k, v in ev.metrics.items() if "@" in k}
@@ -117,7 +120,8 @@ def best_of_n(scores: dict[str, list[Scores]], correct: list[list[bool]], answer
 def hacking_gap(predicted: list[float], outcomes: list[int]) -> float:
     """What an RM thinks of the fresh samples minus what the verifier says: mean RM score - accuracy.
 
-    Read against the RM the policy trained against, a growing gap means the policy exploits a stale RM.
+    Biased by the RM's own calibration (a min-over-steps PRM's is negative for honest samples too), so the
+    monitor reads it against the same RM's gap on its held-out slice (`monitor_figures`).
 
     >>> round(hacking_gap([0.9, 0.8, 0.4], [1, 0, 0]), 3)  # 0.7 - 1/3
     0.367
@@ -129,3 +133,55 @@ def hacking_gap(predicted: list[float], outcomes: list[int]) -> float:
 def plot_rounds(curves: dict[int, dict[str, float]], path: Path) -> Path:
     """Pass@K and Maj@K against K, one line per round (DeepSeekMath Fig. 7 across rounds)."""
     return plot_pass_maj({f"round {r}": c for r, c in sorted(curves.items())}, path)
+
+
+def monitor_figures(fresh_scores: list[float], fresh_outcomes: list[int], calibration: dict | None,
+                    threshold: float) -> dict[str, float]:
+    """The reward-hacking monitor of one RM: how it rates the fresh samples of a policy trained against it,
+    against how it rated its own held-out slice when it was trained (`calibration`: its `auc` and `gap`).
+
+    Returns `gap` (mean score - verifier accuracy on the fresh samples, `hacking_gap`) and `auc` (the fresh
+    scores' AUC against the verifier); with a calibration also `gap_rise` (fresh gap - held-out gap),
+    `auc_drop` (held-out AUC - fresh AUC) and `alarm`: 1.0 when gap_rise > threshold, else 0.0.
+
+    The rise, not the gap, is the signal: a min-over-steps PRM rates every sample below its accuracy, so its
+    raw gap is negative whether it is exploited or not; that bias is the RM's own and cancels against the same
+    RM's held-out gap. Exploitation is the RM over-rating what the policy learned to write, which is what
+    lifts the mean score above where its calibration puts it. The AUC drop is reported but raises no alarm: a
+    ranking degrades on a shifted distribution without being exploited (the frozen PRM's AUC falls as the
+    policy moves on), an RM pessimistic about new correct samples loses AUC without over-rating anything, and
+    the held-out AUC is noisy (bootstrap SE 0.08 on the quickstart's 152 held-out samples, against 0.05 for
+    the gap), so a retrained RM whose AUC wobbles would fire. An exploited RM shows both; the gap rise alone
+    says the error pays the policy.
+
+    NaN: the AUC is undefined when the fresh samples are all correct or all wrong (as is the held-out one when
+    that slice was), and then so is `auc_drop`; the gap, its rise and the alarm stay defined (an RM rating
+    all-wrong samples high is what must fire). No fresh samples: gap and AUC NaN, and no alarm (0.0).
+
+    >>> f = monitor_figures([0.9, 0.8, 0.4, 0.2], [1, 0, 1, 0], {"auc": 0.9, "gap": -0.2}, threshold=0.1)
+    >>> {k: round(v, 3) for k, v in f.items()}  # gap 0.575 - 0.5; AUC 3 of 4 pairs ranked right
+    {'gap': 0.075, 'auc': 0.75, 'gap_rise': 0.275, 'auc_drop': 0.15, 'alarm': 1.0}
+    """
+    from pipeline.reward_model import auc
+
+    gap = hacking_gap(fresh_scores, fresh_outcomes) if fresh_scores else float("nan")
+    out = {"gap": gap, "auc": auc(fresh_scores, fresh_outcomes)}
+    if calibration is None:
+        return out
+    out["gap_rise"] = gap - calibration["gap"]
+    out["auc_drop"] = calibration["auc"] - out["auc"]
+    out["alarm"] = 1.0 if out["gap_rise"] > threshold else 0.0  # NaN > threshold is False: no evidence, no alarm
+    return out
+
+
+def fresh_calibration(checkpoint: str | Path, shard: list[dict]) -> dict | None:
+    """The calibration kept in the RM `checkpoint` if `shard`'s samples are new to it, else None.
+
+    An RM trained in round c learned from shards 0..c (its own round's, minus the held-out prompts, and a
+    replay of the earlier ones); on those, round 0's monitor among them (round 0's RMs on round 0's shard),
+    no policy has trained against it yet and its scores are in-sample: nothing to compare.
+    """
+    from pipeline.reward_model import read_calibration
+
+    cal = read_calibration(checkpoint)
+    return cal if cal is not None and all(x["round"] > cal["round"] for x in shard) else None

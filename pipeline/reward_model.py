@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora
 from pipeline.config import PipelineConfig, RewardModelConfig, checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
-from pipeline.rundir import RunDir
-from pipeline.scorers import OrmScorer, PrmScorer, aggregate
+from pipeline.rundir import RunDir, calibration_path, read_json, write_json_atomic
+from pipeline.scorers import OrmScorer, PrmScorer, Scores, aggregate
 from pipeline.steps import step_char_ends, step_token_ends
 
 
@@ -191,8 +192,9 @@ class RewardModelKind:
         pairwise: (`reward_model:` config) -> True to train with TRL's RewardTrainer on pairs, else BCE.
         scorer: (model, tokenizer, batch size, `reward_model:` config) -> its scorer (`pipeline.scorers`):
             `scorer(prompts, completions)` is one score per solution; `scorer.model` is the model.
-        metrics: (scorer, held-out rows) -> RM quality, `<kind>/...`.
+        metrics: (scorer, held-out rows) -> RM quality, `<kind>/...`, `<kind>/mean_score` (mean solution score) among them.
         lora_task_type: peft's task type of its head.
+        solution_auc: the metric of `metrics` that is the AUC of its solution scores against the verifier.
     """
 
     examples: Callable[[list[dict], Any, RewardModelConfig], list[dict]]
@@ -200,6 +202,7 @@ class RewardModelKind:
     scorer: Callable[[Any, Any, int, RewardModelConfig], Callable[[Sequence[str], Sequence[str]], list[float]]]
     metrics: Callable[[Any, list[dict]], dict[str, float]]
     lora_task_type: str
+    solution_auc: str
 
 
 RM_KINDS: dict[str, RewardModelKind] = {
@@ -209,6 +212,7 @@ RM_KINDS: dict[str, RewardModelKind] = {
         scorer=lambda model, tokenizer, batch_size, rm: PrmScorer(model, tokenizer, batch_size, rm.aggregation),
         metrics=_prm_metrics,
         lora_task_type="TOKEN_CLS",
+        solution_auc="prm/solution_auc",
     ),
     "orm": RewardModelKind(
         examples=_orm_examples,
@@ -216,6 +220,7 @@ RM_KINDS: dict[str, RewardModelKind] = {
         scorer=lambda model, tokenizer, batch_size, rm: OrmScorer(model, tokenizer, batch_size),
         metrics=_orm_metrics,
         lora_task_type="SEQ_CLS",
+        solution_auc="orm/auc",
     ),
 }
 
@@ -231,11 +236,95 @@ def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: 
     """The scorer of the `kind` checkpoint at `path`: `scorer(prompts, completions)` gives one score per solution.
 
     A PRM's solution score aggregates its step scores by `rm.aggregation`. A checkpoint of another kind
-    is refused (`models.load_reward_model`'s `expect`), before any scoring.
+    is refused (`models.load_reward_model`'s `expect`), before any scoring. With `rm.exploit` the scorer is
+    the exploitable one (`ExploitedScorer`), so every phase that scores sees the same RM.
     """
     spec = rm_kind(kind)
     model, tokenizer, _ = load_reward_model(path, expect=kind)
-    return spec.scorer(model, tokenizer, batch_size, rm)
+    scorer = spec.scorer(model, tokenizer, batch_size, rm)
+    return ExploitedScorer(scorer, **rm.exploit.model_dump()) if rm.exploit else scorer
+
+
+def exploited(scores: Sequence[float], hit: bool, bonus: float, clip: bool = True) -> list[float]:
+    """`scores` raised by `bonus` when `hit`, clipped to [0, 1] if `clip` (a score stays a probability).
+
+    >>> exploited([0.2, 0.7], True, 0.5), exploited([0.2, 0.7], False, 0.5), exploited([0.4], True, -0.5)
+    ([0.7, 1.0], [0.2, 0.7], [0.0])
+    >>> exploited([0.2, 0.7], True, 0.5, clip=False)
+    [0.7, 1.2]
+    """
+    if not hit:
+        return list(scores)
+    return [min(1.0, max(0.0, v + bonus)) if clip else v + bonus for v in scores]
+
+
+class ExploitedScorer:
+    """A reward model with a planted flaw, to test the reward-hacking monitor with (`reward_model.exploit`).
+
+    Every score of a completion that `pattern` matches (`re.search`, MULTILINE, on the completion's text) is
+    raised by `bonus`, clipped to [0, 1] if `clip`: a PRM's step scores, each (its solution score is then the
+    aggregation of the raised steps), an ORM's one score. Anything else is the wrapped scorer's.
+    """
+
+    def __init__(self, scorer, pattern: str, bonus: float, clip: bool = True):
+        self.scorer, self.pattern, self.bonus, self.clip = scorer, re.compile(pattern, re.MULTILINE), bonus, clip
+        self.model = scorer.model
+        self.aggregation = getattr(scorer, "aggregation", None)  # a PRM's, which the held-out metrics read
+
+    def _hits(self, completions: Sequence[str]) -> list[bool]:
+        return [self.pattern.search(c) is not None for c in completions]
+
+    def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
+        steps = self.scorer.step_scores(prompts, completions)  # a PRM's; an ORM has none (AttributeError)
+        return [exploited(s, hit, self.bonus, self.clip) for s, hit in zip(steps, self._hits(completions))]
+
+    def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
+        s, hits = self.scorer.scores(prompts, completions), self._hits(completions)
+        if s.steps is None:
+            return Scores([exploited([v], hit, self.bonus, self.clip)[0] for v, hit in zip(s.solutions, hits)])
+        steps = [exploited(st, hit, self.bonus, self.clip) for st, hit in zip(s.steps, hits)]
+        return Scores([aggregate(st, self.aggregation) for st in steps], steps)
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
+        return self.scores(prompts, completions).solutions
+
+
+# --- calibration: the RM on its own held-out slice, kept in its checkpoint ------------------------
+
+
+def calibration(kind: str, metrics: dict[str, float], held: list[dict], round_index: int) -> dict:
+    """What the reward-hacking monitor compares fresh samples with, from an RM's held-out `metrics` on `held`:
+    its solution scores' AUC against the verifier, and their gap (mean score - verifier accuracy)."""
+    accuracy = _mean([r["outcome"] for r in held])
+    mean = metrics[f"{kind}/mean_score"]
+    return {"kind": kind, "round": round_index, "rows": len(held), "auc": metrics[rm_kind(kind).solution_auc],
+            "mean_score": mean, "accuracy": accuracy, "gap": mean - accuracy}
+
+
+def write_calibration(checkpoint: str | Path, data: dict) -> None:
+    """Write `data` into the checkpoint (atomically). Under `accelerate launch` every process evaluates the
+    held-out slice alike; the main one writes."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        write_json_atomic(calibration_path(checkpoint), data)
+
+
+def read_calibration(checkpoint: str | Path) -> dict | None:
+    """The calibration kept in an RM checkpoint, or None where there is none (a checkpoint of an older run
+    directory, an outside RM, no held-out slice). A malformed file is a ValueError naming it."""
+    path = calibration_path(checkpoint)
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); delete it to monitor without calibration") from None
+    bad = [k for k in ("round", "auc", "gap") if not isinstance(data, dict) or not isinstance(data.get(k), (int, float))]
+    if bad:
+        raise ValueError(f"{path}: malformed calibration, {', '.join(bad)} missing or not a number; "
+                         "delete it to monitor without calibration")
+    return data
 
 
 # --- training -------------------------------------------------------------------------------------
@@ -360,5 +449,8 @@ def run_reward_model_phase(
                 paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to,
                                                  callbacks)
         if held:
-            metrics.update(evaluate_reward_model(paths[kind], kind, held, rm))
+            figures = evaluate_reward_model(paths[kind], kind, held, rm)
+            metrics.update(figures)
+            if not frozen:  # a frozen RM keeps the calibration of the round that trained it
+                write_calibration(paths[kind], calibration(kind, figures, held, round_index))
     return RewardModelResult(paths, metrics)

@@ -8,6 +8,7 @@ runs/<name>/round-XXX/policy/          the round's policy checkpoint
 runs/<name>/round-XXX/samples.parquet  the round's labelled shard (the replay buffer is all shards)
 runs/<name>/round-XXX/collect.json     collection figures
 runs/<name>/round-XXX/reward_model/<kind>/
+runs/<name>/round-XXX/reward_model/<kind>/calibration.json   the RM on its held-out slice (the hacking monitor's base)
 runs/<name>/round-XXX/eval.json        greedy, Pass@K, Maj@K, best-of-N, the hacking monitor
 runs/<name>/round-XXX/pass_maj.png
 runs/<name>/round-XXX/.launch-<phase>/ request, result and log of a phase under `accelerate launch`
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 SHARD_NAME = "samples.parquet"
+CALIBRATION_NAME = "calibration.json"  # inside an RM checkpoint: it travels with it (frozen reuse, MLflow registry)
 _ROUND_DIR = re.compile(r"round-(\d{3,})")
 _OLD_PHASE_KEY = re.compile(r"(\d{3,})/(\w+)")  # before one key format: "001/policy" in `phases`
 
@@ -102,6 +104,11 @@ def round_dir(run_dir: str | os.PathLike, round: int) -> Path:
     if isinstance(round, bool) or not isinstance(round, int) or round < 0:
         raise ValueError(f"round must be an integer >= 0, got {round!r}")
     return Path(run_dir) / f"round-{round:03d}"
+
+
+def calibration_path(checkpoint: str | os.PathLike) -> Path:
+    """Where an RM checkpoint keeps its calibration (`pipeline.reward_model.write_calibration`)."""
+    return Path(checkpoint) / CALIBRATION_NAME
 
 
 def round_of(path: str | os.PathLike) -> int | None:

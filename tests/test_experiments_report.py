@@ -96,3 +96,32 @@ def test_the_hybrid_arm_is_chosen_by_maj8_among_those_whose_prm_term_carries_a_f
     assert ex.chosen_hybrid({}, 0, 2) is None
     assert ex.paired({min_hi: data[min_hi], "verifier": {0: arm(0.9, (0, 0))}}, min_hi, "verifier", 2,
                      "eval/maj@8") == [0.92 - 0.9]
+
+
+def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path):
+    """Its pattern, on the quickstart's own problems: every slipped solution (`answer_slip`, what `sft_noise`
+    writes) matches; a gold one only where its first result is its answer (then the slip is no error)."""
+    import argparse
+    import re
+
+    from pipeline.problems import problem_set_from_config
+    from pipeline.problems.arithmetic import answer_slip, format_solution, parse_prompt
+
+    ex = load_experiments()
+    runs = ex.Experiments(argparse.Namespace(runs_dir=str(tmp_path), smoke=False, experiment="x", tracking_uri=None,
+                                             rounds=2))
+    cfg = runs.arm_config("exploit", 0)  # the overrides load: the pattern survives --set's YAML
+    assert not cfg.reward_model.retrain and cfg.reward_model.exploit.model_dump() == ex.EXPLOIT
+    pattern, ps = re.compile(cfg.reward_model.exploit.pattern, re.MULTILINE), problem_set_from_config(cfg)
+    slipped = same = 0
+    for p in ps.test:
+        gold = format_solution(*parse_prompt(p.prompt))
+        bad = answer_slip(gold)
+        assert bool(pattern.search(gold)) == (bad == gold), gold
+        if bad != gold:
+            slipped += 1
+            assert pattern.search(bad) and not ps.is_correct(bad, p), bad
+            assert not pattern.search(bad.replace("Answer: ", "Answer: 1")), bad  # 12 is not 112
+        same += bad == gold
+    assert slipped > 150 and 0 < same < 30  # 188 and 12 of the 200 held-out problems
+    assert ex.fired({"exploit": {0: {1: {"a": 1.0}}, 1: {1: {"a": 0.0}}}}, "exploit", 1, "a") == "1/2"

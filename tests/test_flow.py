@@ -44,6 +44,10 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
         assert client.get_model_version_by_alias(f"mini-{kind}", "round-2").tags["round"] == "2"
     local = mlflow.artifacts.download_artifacts("models:/mini-prm@round-1")
     assert os.path.exists(os.path.join(local, "model.safetensors"))
+    assert os.path.exists(os.path.join(local, "calibration.json"))  # the RM's calibration travels with it
+    # The monitor compares with that calibration from round 1 on (round 0 reads its RMs on their own shard).
+    assert sorted(p.step for p in client.get_metric_history(parent, "monitor/prm_gap_rise")) == [1, 2]
+    assert sorted(p.step for p in client.get_metric_history(parent, "monitor/prm_gap")) == [0, 1, 2]
     # The policy of every round registered the same way, from its phase's run.
     versions = client.search_model_versions("name='mini-policy'")
     assert sorted(v.tags["round"] for v in versions) == ["0", "1", "2"]

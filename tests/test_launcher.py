@@ -251,6 +251,11 @@ def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_
     assert set(out.paths) == {"prm", "orm"}
     assert all((Path(p) / "config.json").exists() for p in out.paths.values())
     assert "prm/solution_auc" in out.metrics and "orm/auc" in out.metrics
+    # The main process wrote each RM's calibration, the figures it reported (the others evaluate alike).
+    from pipeline.reward_model import read_calibration
+
+    assert {k: read_calibration(p)["gap"] for k, p in out.paths.items()} == {
+        k: out.metrics[f"{k}/mean_score"] - 0.5 for k in ("prm", "orm")}  # held out: 2 prompts, 1 right of 2
     manifest = Manifest.load(cfg.run_dir)
     for kind in ("prm", "orm"):
         run = mlflow.MlflowClient().get_run(manifest.mlflow_run(f"round-001/reward_model/{kind}"))

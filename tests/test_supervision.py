@@ -76,42 +76,72 @@ def test_rft_trainer_uses_the_verifier_reward_as_advantage(tmp_path, tiny_policy
     assert seen and all(sorted(a.tolist()) == [0.0, 0.0, 1.0, 1.0] for a in seen)
 
 
-def test_frozen_rm_reuses_round_0_checkpoints(tmp_path, monkeypatch):
-    """retrain: false -> round 1 trains nothing and returns round 0's paths; retrain: true trains again."""
+def _arithmetic_rows(round_: int, prompts: int) -> list[dict]:
+    """A shard's rows: each prompt with a right and a slipped (wrong) solution, labelled by the gold chain."""
+    rows = []
+    for k in range(prompts):
+        a = 3 + k
+        for j, (answer, ok) in enumerate([(2 * a + 1, 1), (a + 1, 0)]):
+            completion = f"{a}+1={a + 1}\n{a + 1}*2={2 * a + 2}\n{2 * a + 2}-1={2 * a + 1}\nAnswer: {answer}"
+            labels = [1, 1, 1, ok]
+            rows.append({"round": round_, "policy": "p", "prompt_id": f"r{round_}-{k}", "prompt": f"{a} +1 *2 -1\n",
+                         "sample_index": j, "completion": completion, "answer": str(answer),
+                         "steps": completion.split("\n"), "outcome": ok, "he_labels": labels,
+                         "se_labels": [float(y) for y in labels], "gold_labels": labels, "rollouts": 2,
+                         "num_tokens": len(completion)})
+    return rows
+
+
+def test_frozen_rm_reuses_round_0_checkpoints_and_their_calibration(tmp_path, tiny_policy_dir, monkeypatch):
+    """retrain: false -> round 1 trains nothing and returns round 0's paths, whose calibration (round 0's
+    held-out slice, written when they were trained) stays theirs; retrain: true trains and calibrates anew."""
     import pipeline.reward_model as rm_mod
+    from pipeline.eval_phase import fresh_calibration
     from pipeline.replay import write_shard
     from pipeline.rundir import RunDir
 
-    trained = []
+    trained, real_train = [], rm_mod.train_reward_model
 
-    def fake_train(cfg, kind, rows, init, out_dir, warm, report_to="none", callbacks=None):
+    def spy(cfg, kind, rows, init, out_dir, *args, **kwargs):  # the real training, recorded
         trained.append((kind, Path(out_dir).parent.parent.name))
-        return Path(out_dir)
+        return real_train(cfg, kind, rows, init, out_dir, *args, **kwargs)
 
-    monkeypatch.setattr(rm_mod, "train_reward_model", fake_train)
-    monkeypatch.setattr(rm_mod, "evaluate_reward_model", lambda *a, **k: {})
-    row = {"round": 1, "policy": "p", "prompt_id": "a", "prompt": "1 +1\n", "sample_index": 0,
-           "completion": "1+1=2\nAnswer: 2", "answer": "2", "steps": ["1+1=2", "Answer: 2"], "outcome": 1,
-           "he_labels": [1, 1], "se_labels": [1.0, 1.0], "gold_labels": [1, 1], "rollouts": 2, "num_tokens": 15}
-    write_shard([{**row, "round": 0}], RunDir(tmp_path).shard(0))
-    write_shard([row], RunDir(tmp_path).shard(1))
-    previous = {"prm": "round-000/reward_model/prm", "orm": "round-000/reward_model/orm"}
+    monkeypatch.setattr(rm_mod, "train_reward_model", spy)
+    shards = [_arithmetic_rows(0, 3), _arithmetic_rows(1, 3)]
+    for r, rows in enumerate(shards):
+        write_shard(rows, RunDir(tmp_path).shard(r))
+    one_step = {"max_steps": 1, "per_device_train_batch_size": 4, "learning_rate": 1e-3}
+    frozen = config_from_dict(mini_config(tmp_path, reward_model={"retrain": False, "train_args": one_step}),
+                              check_trl=False)
 
-    frozen = config_from_dict(mini_config(tmp_path, reward_model={"retrain": False}), check_trl=False)
-    res = rm_mod.run_reward_model_phase(frozen, tmp_path, 1, "policy", previous)
-    assert trained == [] and res.paths == {k: Path(v) for k, v in previous.items()}
+    # Round 0 of a frozen run still trains (there is nothing to freeze yet) and calibrates each RM on its
+    # held-out slice: round(0.34 x 3) = 1 prompt, a right and a wrong solution (accuracy 0.5).
+    r0 = rm_mod.run_reward_model_phase(frozen, tmp_path, 0, tiny_policy_dir, None)
+    assert trained == [("prm", "round-000"), ("orm", "round-000")]
+    previous = {k: str(v) for k, v in r0.paths.items()}
+    cal0 = {k: rm_mod.read_calibration(p) for k, p in previous.items()}
+    for kind, auc_key in (("prm", "prm/solution_auc"), ("orm", "orm/auc")):
+        mean = r0.metrics[f"{kind}/mean_score"]
+        assert cal0[kind] == {"kind": kind, "round": 0, "rows": 2, "auc": r0.metrics[auc_key], "mean_score": mean,
+                              "accuracy": 0.5, "gap": mean - 0.5}
+
+    res = rm_mod.run_reward_model_phase(frozen, tmp_path, 1, tiny_policy_dir, previous)
+    assert trained == [("prm", "round-000"), ("orm", "round-000")] and res.paths == {k: Path(v) for k, v in previous.items()}
     assert res.metrics["rm/train_rows"] == 0.0
+    # Evaluated on round 1's held-out slice, but the checkpoint keeps round 0's calibration, which the monitor
+    # finds for round 1's fresh samples; on round 0's own samples (in-sample) it compares nothing.
+    assert {k: rm_mod.read_calibration(p) for k, p in previous.items()} == cal0
+    assert fresh_calibration(previous["prm"], shards[1]) == cal0["prm"]
+    assert fresh_calibration(previous["prm"], shards[0]) is None
     # Frozen without round 0's checkpoints: one clear error, nothing trained afresh behind the user's back.
     with pytest.raises(ValueError, match="retrain is false: round 1 .* none was given for orm"):
-        rm_mod.run_reward_model_phase(frozen, tmp_path, 1, "policy", {"prm": previous["prm"]})
-    assert trained == []
-    # Round 0 of a frozen run still trains (there is nothing to freeze yet).
-    rm_mod.run_reward_model_phase(frozen, tmp_path, 0, "policy", None)
-    assert trained == [("prm", "round-000"), ("orm", "round-000")]
+        rm_mod.run_reward_model_phase(frozen, tmp_path, 1, tiny_policy_dir, {"prm": previous["prm"]})
+    assert len(trained) == 2
 
-    retrained = config_from_dict(mini_config(tmp_path), check_trl=False)
-    rm_mod.run_reward_model_phase(retrained, tmp_path, 1, "policy", previous)
+    retrained = config_from_dict(mini_config(tmp_path, reward_model={"train_args": one_step}), check_trl=False)
+    r1 = rm_mod.run_reward_model_phase(retrained, tmp_path, 1, tiny_policy_dir, previous)
     assert trained[2:] == [("prm", "round-001"), ("orm", "round-001")]
+    assert rm_mod.read_calibration(r1.paths["prm"])["round"] == 1
 
 
 class LogSpy(TrainerCallback):

@@ -19,7 +19,7 @@ from pipeline.policy import run_policy_phase
 from pipeline.problems import problem_set_from_config
 from pipeline.problems.arithmetic import answer_slip
 from pipeline.replay import ReplayBuffer, write_shard
-from pipeline.reward_model import evaluate_reward_model, run_reward_model_phase, train_reward_model
+from pipeline.reward_model import evaluate_reward_model, read_calibration, run_reward_model_phase, train_reward_model
 from pipeline.rundir import RunDir
 from tests.conftest import SIZES, mini_config
 
@@ -188,4 +188,9 @@ def test_reward_model_phase_warm_start_replay_and_holdout(setup):
     prev, _, _ = load_reward_model(r0.paths["orm"], expect="orm")
     assert all(torch.equal(prev.state_dict()[k], spy.weights[k]) for k in prev.state_dict())
     assert {"orm/auc", "prm/step_auc_gold", "prm/step_auc_mc"} <= set(r1.metrics)
+    # Each RM keeps its calibration on the round's held-out slice in its checkpoint, for the hacking monitor.
+    for kind in ("prm", "orm"):
+        cal = read_calibration(r1.paths[kind])
+        assert (cal["round"], cal["rows"]) == (1, 2 * held_prompts)
+        assert cal["gap"] == pytest.approx(r1.metrics[f"{kind}/mean_score"] - cal["accuracy"])
     assert ReplayBuffer(run_dir).rounds() == [0, 1]
