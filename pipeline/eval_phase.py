@@ -71,6 +71,8 @@ def run_eval_phase(
     # Every sample scored once per RM (with a PRM's step scores): best-of-N for each N, and the eval table.
     scores = {kind: [s.scores([q] * len(t), t) for q, t in zip(rendered, ev.texts)] for kind, s in scorers.items()}
     metrics |= best_of_n(scores, ev.correct, ev.answers, e.best_of_n)
+    if "prm" in scores and problem_set.has_gold_step_labels:
+        metrics["eval/prm_step_auc_gold"] = gold_step_auc(problem_set, problems, ev.texts, scores["prm"])
     rows, seed = cfg.tracking.sample_table_rows, cfg.run.seed
     tables = {"eval": sample_table(eval_samples(problem_set, problems, rendered, ev.texts, ev.answers, ev.correct,
                                                 round_index), {k: Scores.concat(v) for k, v in scores.items()},
@@ -115,6 +117,20 @@ def best_of_n(scores: dict[str, list[Scores]], correct: list[list[bool]], answer
         base = best_of_n_accuracy([[0.0] * len(c) for c in correct], correct, answers, n)
         metrics[f"bon/majority@{n}"], metrics[f"bon/random@{n}"] = base["majority"], base["random"]
     return metrics
+
+
+def gold_step_auc(problem_set, problems: list, texts: list[list[str]], scores: list[Scores]) -> float:
+    """The PRM's step AUC against the gold step labels on every eval sample (NaN without a labelled step).
+
+    The RM phase's held-out slice (~150 samples, a few dozen wrong steps) cannot tell 0.80 from 0.85; the eval
+    samples are held-out problems and thousands of steps, labelled exactly where the problem set has gold labels.
+    A sample whose gold labels do not line up with its step scores (a blank completion) is left out.
+    """
+    from pipeline.reward_model import auc
+
+    pairs = [(s, y) for p, ts, sc in zip(problems, texts, scores) for t, steps in zip(ts, sc.steps)
+             if (gold := problem_set.gold_step_labels(t, p)) and len(gold) == len(steps) for s, y in zip(steps, gold)]
+    return auc(*zip(*pairs)) if pairs else float("nan")
 
 
 def hacking_gap(predicted: list[float], outcomes: list[int]) -> float:

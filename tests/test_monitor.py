@@ -156,6 +156,8 @@ def test_eval_phase_reports_the_rise_against_a_calibration_and_only_fresh_figure
     assert m["monitor/prm_gap_rise"] == pytest.approx(m["monitor/prm_gap"] + 0.3)
     assert m["monitor/prm_auc_drop"] == pytest.approx(0.8 - m["monitor/prm_auc"])
     assert m["monitor/prm_alarm"] == float(m["monitor/prm_gap_rise"] > 0.1)
+    # The PRM's step AUC against gold on the eval samples (embedded set): a ranking, or NaN without both classes.
+    assert math.isnan(m["eval/prm_step_auc_gold"]) or 0 <= m["eval/prm_step_auc_gold"] <= 1
     assert {k for k in m if k.startswith("monitor/orm")} == {"monitor/orm_gap", "monitor/orm_auc"}
     assert len(res.tables["collect"]) == 8 and "prm_score" in res.tables["collect"][0]  # the sample table still there
 
@@ -163,3 +165,33 @@ def test_eval_phase_reports_the_rise_against_a_calibration_and_only_fresh_figure
     own = write_shard([make_row(0, i, outcome=i % 2) for i in range(8)], tmp_path / "own.parquet")
     in_sample = run_eval_phase(cfg, tiny_dirs / "policy", 0, rms, rms, own).metrics
     assert {k for k in in_sample if k.startswith("monitor/prm")} == {"monitor/prm_gap", "monitor/prm_auc"}
+
+
+def test_gold_step_auc_of_the_eval_samples_ranks_step_scores_against_the_gold_labels():
+    from pipeline.eval_phase import gold_step_auc
+    from pipeline.problems import problem_set_from_config
+    from pipeline.scorers import Scores
+    from pipeline.problems.arithmetic import answer_slip, format_solution, parse_prompt
+
+    cfg = config_from_dict({"problems": {"arithmetic": {"num_train": 50, "num_test": 10}}}, check_trl=False)
+    ps = problem_set_from_config(cfg)
+    problems = [p for p in ps.test if answer_slip(format_solution(*parse_prompt(p.prompt))) != p.solution][:2]
+    texts = [[p.solution, answer_slip(p.solution)] for p in problems]  # each: right, then the Answer line slipped
+    gold = [[ps.gold_step_labels(t, p) for t in ts] for p, ts in zip(problems, texts)]
+    assert all(g[0][-1] == 1 and g[1][-1] == 0 and g[1][:-1] == g[0][:-1] for g in gold)
+
+    def scored(wrong_answer: float, right_answer: float) -> list[Scores]:  # every non-Answer step scores 0.9
+        return [Scores([0.0, 0.0], [[0.9] * (len(g[0]) - 1) + [right_answer], [0.9] * (len(g[1]) - 1) + [wrong_answer]])
+                for g in gold]
+
+    # 2 wrong steps (the slipped Answer lines) against the right steps: below all of them -> 1; above all -> 0.
+    assert gold_step_auc(ps, problems, texts, scored(0.1, 0.95)) == 1.0
+    assert gold_step_auc(ps, problems, texts, scored(0.99, 0.95)) == 0.0
+    # Equal to the 0.9 steps, below the right Answer lines: ties count half.
+    right_steps = sum(len(g[0]) + len(g[1]) - 1 for g in gold)
+    answers = len(problems)  # right Answer steps at 0.95
+    assert gold_step_auc(ps, problems, texts, scored(0.9, 0.95)) == pytest.approx(
+        (0.5 * (right_steps - answers) + answers) / right_steps)
+    # A blank completion (one score, no gold step) is left out rather than misaligned.
+    blank = [Scores([0.0], [[0.5]])]
+    assert gold_step_auc(ps, problems[:1], [[""]], blank) != gold_step_auc(ps, problems[:1], [[""]], blank)  # NaN
