@@ -170,8 +170,8 @@ def test_eval_phase_reports_the_rise_against_a_calibration_and_only_fresh_figure
 def test_gold_step_auc_of_the_eval_samples_ranks_step_scores_against_the_gold_labels():
     from pipeline.eval_phase import gold_step_auc
     from pipeline.problems import problem_set_from_config
-    from pipeline.scorers import Scores
     from pipeline.problems.arithmetic import answer_slip, format_solution, parse_prompt
+    from pipeline.scorers import Scores
 
     cfg = config_from_dict({"problems": {"arithmetic": {"num_train": 50, "num_test": 10}}}, check_trl=False)
     ps = problem_set_from_config(cfg)
