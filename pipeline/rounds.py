@@ -10,6 +10,7 @@ task wrapper as `step`; nothing here imports Prefect.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -210,7 +211,7 @@ def run_rounds(cfg: PipelineConfig, round_fn: Callable[[int], object] | None = N
     """
     round_fn = round_fn or (lambda q: run_round(cfg, q))
     parent = Manifest.load(cfg.run_dir).data["mlflow"]["parent"]
-    with tracking.ending(parent):
+    with tracking.ending(parent), _ending_recorded(cfg):
         for r in range(cfg.run.rounds + 1):
             manifest = Manifest.load(cfg.run_dir)  # fresh: the phases record into it
             round_run = _ensure_run(manifest, phase_key(r), parent, {"round": str(r)})
@@ -241,10 +242,10 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
         return PhaseResult.from_manifest(manifest.output(round_index, name))
     phase = PHASES[name]
     runs = phase_runs(manifest, cfg, round_index, phase)
-    tracking.reopen(runs.run_id)  # a resumed phase's run was ended KILLED or FAILED
     start = time.monotonic()
     kwargs = {"round_index": round_index, **inputs}
     with tracking.ending(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
+        tracking.reopen(runs.run_id)  # a resumed phase's run was ended KILLED or FAILED (inside: a signal may land here)
         if phase.launchable and cfg.launcher.kind == "accelerate" and _body(phase, round_index) is phase.run:
             from pipeline.launch import launch_phase
 
@@ -391,18 +392,34 @@ def check_run(cfg: PipelineConfig) -> tuple[dict[str, str], list[str]]:
     return found, errors
 
 
-def abandon(cfg: PipelineConfig) -> None:
-    """What a process exiting at once leaves tidy: the run's MLflow runs still RUNNING end KILLED, and the lock
-    goes if this process holds it. Outputs need nothing: they are whole or absent."""
-    from pipeline.rundir import release_lock
-
+def end_running(cfg: PipelineConfig, status: str) -> None:
+    """End every MLflow run the manifest records that is still RUNNING (a phase's run created a moment before a
+    signal, before the phase's own `tracking.ending` covers it, included)."""
     try:
         runs = Manifest.load(cfg.run_dir).data["mlflow"]
     except FileNotFoundError:
         runs = {}
     for run_id in runs.values():
         if tracking.run_status(run_id) == "RUNNING":
-            tracking.finish(run_id, "KILLED")
+            tracking.finish(run_id, status)
+
+
+@contextlib.contextmanager
+def _ending_recorded(cfg: PipelineConfig):
+    try:
+        yield
+    except BaseException as e:
+        with contextlib.suppress(Exception):  # the store may be gone too: the exception matters more
+            end_running(cfg, tracking.end_status(e))
+        raise
+
+
+def abandon(cfg: PipelineConfig) -> None:
+    """What a process exiting at once leaves tidy: the run's MLflow runs still RUNNING end KILLED, and the lock
+    goes if this process holds it. Outputs need nothing: they are whole or absent."""
+    from pipeline.rundir import release_lock
+
+    end_running(cfg, "KILLED")
     release_lock(cfg.run_dir)
 
 

@@ -172,3 +172,44 @@ def test_signals_in_each_phase_then_resume(tmp_path, prefect_harness):
     reference = config_from_dict(_config(tmp_path / "uninterrupted"))
     iterative_rl(reference.model_dump(mode="json"))
     assert _figures(cfg.run_dir) == _figures(reference.run_dir)
+
+
+@pytest.mark.usefixtures("isolated")
+@pytest.mark.parametrize("where", ["reopen", "model_run"])
+def test_a_signal_right_after_a_phase_run_is_created_still_ends_it_killed(tmp_path, monkeypatch, where):
+    """The window the slow test above hit under load: the phase's MLflow run is recorded, and the signal lands
+    before the phase's body (reopening the run, or creating the RM phase's run per model): every run the
+    manifest records that had not finished ends KILLED, none is left RUNNING."""
+    from pipeline import rounds, tracking
+
+    cfg = config_from_dict(mini_config(tmp_path, tracking={"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}))
+    rounds.open_run(cfg)
+    if where == "reopen":
+        real = tracking.reopen
+
+        def interrupted(run_id):  # the phase run's reopen; the parent and round runs reopen as usual
+            if "round-000/collect" in read_json(cfg.run_dir / "manifest.json")["mlflow"]:
+                raise KeyboardInterrupt
+            real(run_id)
+
+        monkeypatch.setattr(tracking, "reopen", interrupted)
+        phase = "collect"
+    else:
+        real_create = tracking.create_run
+
+        def interrupted(experiment, name, parent=None, tags=None):  # the PRM's run, below the phase's
+            if name.endswith("reward_model-prm"):
+                raise KeyboardInterrupt
+            return real_create(experiment, name, parent, tags)
+
+        monkeypatch.setattr(tracking, "create_run", interrupted)
+        phase = "reward_model"
+        run = rounds.Manifest.load(cfg.run_dir)
+        for done in ("policy", "collect"):  # round 0 as far as the RM phase, its outputs never read
+            run.record(0, done, {"metrics": {}, "path": str(tmp_path)})
+    with pytest.raises(KeyboardInterrupt):
+        rounds.run_rounds(cfg)
+    runs = read_json(cfg.run_dir / "manifest.json")["mlflow"]
+    assert phase_key(0, phase) in runs
+    statuses = {key: MlflowClient().get_run(run_id).info.status for key, run_id in runs.items()}
+    assert statuses[phase_key(0, phase)] == "KILLED" and "RUNNING" not in statuses.values(), statuses
