@@ -68,14 +68,10 @@ def training_rows(variant: str, rows: list[dict], seed: int) -> list[dict]:
 
 def step_auc_gold(scorer, problem_set, prompts: list[str], completions: list[str], problems: list) -> dict:
     """Step AUC of the PRM against gold labels, and the solution AUC (min over steps) against the verifier."""
-    from pipeline.reward_model import auc
+    from pipeline.reward_model import auc, step_label_pairs
 
     steps = scorer.step_scores(prompts, completions)
-    pairs = []
-    for sc, text, p in zip(steps, completions, problems):
-        gold = problem_set.gold_step_labels(text, p)
-        if gold and len(gold) == len(sc):
-            pairs += list(zip(sc, gold))
+    pairs = step_label_pairs(steps, [problem_set.gold_step_labels(t, p) for t, p in zip(completions, problems)])
     outcome = [int(problem_set.is_correct(t, p)) for t, p in zip(completions, problems)]
     return {"step_auc_gold": auc(*zip(*pairs)), "steps": len(pairs),
             "wrong_step_share": 1 - sum(g for _, g in pairs) / max(len(pairs), 1),

@@ -126,10 +126,11 @@ def gold_step_auc(problem_set, problems: list, texts: list[list[str]], scores: l
     samples are held-out problems and thousands of steps, labelled exactly where the problem set has gold labels.
     A sample whose gold labels do not line up with its step scores (a blank completion) is left out.
     """
-    from pipeline.reward_model import auc
+    from pipeline.reward_model import auc, step_label_pairs
 
-    pairs = [(s, y) for p, ts, sc in zip(problems, texts, scores) for t, steps in zip(ts, sc.steps)
-             if (gold := problem_set.gold_step_labels(t, p)) and len(gold) == len(steps) for s, y in zip(steps, gold)]
+    steps = [s for sc in scores for s in sc.steps]
+    gold = [problem_set.gold_step_labels(t, p) for p, ts in zip(problems, texts) for t in ts]
+    pairs = step_label_pairs(steps, gold)
     return auc(*zip(*pairs)) if pairs else float("nan")
 
 

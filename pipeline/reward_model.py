@@ -50,6 +50,16 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     return wins / (len(pos) * len(neg))
 
 
+def step_label_pairs(step_scores: Sequence[Sequence[float]], labels: Sequence[Sequence | None]) -> list[tuple]:
+    """(score, label) of every step whose sample has labels lined up with its scores (one per step); the others
+    (no labels, a count that differs, e.g. a blank completion) are left out.
+
+    >>> step_label_pairs([[0.9, 0.2], [0.5], [0.7]], [[1, 0], None, [1, 1]])
+    [(0.9, 1), (0.2, 0)]
+    """
+    return [(s, y) for sc, ls in zip(step_scores, labels) if ls and len(ls) == len(sc) for s, y in zip(sc, ls)]
+
+
 def accuracy(scores: Sequence[float], labels: Sequence[float], threshold: float = 0.5) -> float:
     pairs = list(zip(scores, labels))
     return sum((s >= threshold) == (y >= threshold) for s, y in pairs) / len(pairs) if pairs else float("nan")
@@ -172,7 +182,7 @@ def _prm_metrics(scorer: PrmScorer, rows: list[dict]) -> dict[str, float]:
     steps = scorer.step_scores([r["prompt"] for r in rows], [r["completion"] for r in rows])
     out: dict[str, float] = {}
     for name, key in (("mc", "he_labels"), ("gold", "gold_labels")):
-        pairs = [(s, y) for sc, r in zip(steps, rows) if r[key] and len(r[key]) == len(sc) for s, y in zip(sc, r[key])]
+        pairs = step_label_pairs(steps, [r[key] for r in rows])
         if pairs:
             out[f"prm/step_auc_{name}"] = auc(*zip(*pairs))
             out[f"prm/step_accuracy_{name}"] = accuracy(*zip(*pairs))
