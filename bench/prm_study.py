@@ -14,7 +14,9 @@ on two sets:
 
 Variants: default (the run's settings), hard (HE targets), lr1e-4 / lr1e-3, epochs3 / epochs12, cold (each
 round from the policy, not the previous PRM), half (half the round's training rows: is it data-bound?),
-balanced (samples with a step HE labels wrong oversampled to half the rows: class balance). The backbone is the
+balanced (samples with a step HE labels wrong oversampled to half the rows: class balance), and two pairs,
+hard+lr1e-4 and hard+epochs12. `--set KEY=VALUE` runs every variant with one more override, kept apart under
+the name `<variant>+KEY=VALUE`. The backbone is the
 policy's by design (its capacity is the policy's), so it is not a variant here.
 
   python bench/prm_study.py --run runs/experiments/verifier-s0          # ~15 min on 2 cores
@@ -45,6 +47,8 @@ VARIANTS: dict[str, list[str]] = {
     "epochs3": ["reward_model.train_args.num_train_epochs=3"],
     "epochs12": ["reward_model.train_args.num_train_epochs=12"],
     "cold": ["reward_model.warm_start=false"],
+    "hard+lr1e-4": ["reward_model.target=hard", "reward_model.train_args.learning_rate=1e-4"],
+    "hard+epochs12": ["reward_model.target=hard", "reward_model.train_args.num_train_epochs=12"],
     "half": [],
     "balanced": [],
 }
@@ -100,8 +104,8 @@ def test_samples(cfg, run: Path, r: int, n: int, cache: Path) -> dict:
     return data
 
 
-def study_round(cfg, variant: str, run: Path, r: int, prev: str | None, out: Path, samples: int) -> dict:
-    """Train the variant's PRM of round r and measure it; returns its figures and checkpoint."""
+def study_round(cfg, variant: str, name: str, run: Path, r: int, prev: str | None, out: Path, samples: int) -> dict:
+    """Train the variant's PRM of round r (checkpoint under `out / name`) and measure it; its figures and checkpoint."""
     from pipeline.problems import problem_set_from_config
     from pipeline.replay import ReplayBuffer
     from pipeline.reward_model import load_scorer, split_holdout, train_reward_model
@@ -113,7 +117,7 @@ def study_round(cfg, variant: str, run: Path, r: int, prev: str | None, out: Pat
     init = Manifest.load(run).output(r, "policy")["path"]
     warm = bool(rm.warm_start and prev)
     start = time.perf_counter()
-    path = train_reward_model(cfg, "prm", rows, prev if warm else init, out / variant / f"round-{r:03d}", warm)
+    path = train_reward_model(cfg, "prm", rows, prev if warm else init, out / name / f"round-{r:03d}", warm)
     seconds = time.perf_counter() - start
     ps = problem_set_from_config(cfg)
     by_id = {p.id: p for p in [*ps.train, *ps.test]}
@@ -162,13 +166,14 @@ def main() -> None:
     saved = read_json(path) if path.exists() else {"run": str(run), "results": {}}
     for variant in a.only or list(VARIANTS):
         cfg = config_from_dict(manifest.data["config"], [*VARIANTS[variant], *a.set], check_trl=False)
+        name = "+".join([variant, *a.set])  # --set makes another variant: its results must not pass for this one's
         prev = None
         for r in rounds:
-            done = saved["results"].setdefault(variant, {}).get(str(r))
+            done = saved["results"].setdefault(name, {}).get(str(r))
             if done is None:
-                print(f"[{time.strftime('%H:%M:%S')}] {variant} round {r} ...", flush=True)
-                done = study_round(cfg, variant, run, r, prev, out, a.samples)
-                saved["results"][variant][str(r)] = done
+                print(f"[{time.strftime('%H:%M:%S')}] {name} round {r} ...", flush=True)
+                done = study_round(cfg, variant, name, run, r, prev, out, a.samples)
+                saved["results"][name][str(r)] = done
                 saved["samples_per_test_problem"] = a.samples
                 write_json_atomic(path, saved)
             prev = done["checkpoint"]
