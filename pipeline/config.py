@@ -7,6 +7,7 @@ at load time, before any work starts. ``grpo:`` passes straight through to TRL's
 
 from __future__ import annotations
 
+import copy
 import re
 import tempfile
 from pathlib import Path
@@ -622,7 +623,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def config_from_dict(data: dict, overrides: list[str] | None = None, check_trl: bool = True) -> PipelineConfig:
-    data = apply_overrides(dict(data or {}), overrides or [])
+    data = apply_overrides(copy.deepcopy(data or {}), overrides or [])  # the caller's dict stays as it was
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:

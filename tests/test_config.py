@@ -450,3 +450,15 @@ def test_readme_config_reference_is_the_generated_one():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert config_reference() in readme
+
+
+def test_overrides_leave_the_callers_dict_as_it_was():
+    """config_from_dict applied `--set` overrides inside the caller's nested sections, so a second config made
+    from the same dict (a manifest's config, bench/prm_study.py's variants) inherited the first one's overrides."""
+    data = {"reward_model": {"target": "soft", "train_args": {"learning_rate": 3e-4}}}
+    first = config_from_dict(data, ["reward_model.target=hard", "reward_model.train_args.learning_rate=1e-4"],
+                             check_trl=False)
+    second = config_from_dict(data, ["reward_model.train_args.num_train_epochs=3"], check_trl=False)
+    assert (first.reward_model.target, first.reward_model.train_args["learning_rate"]) == ("hard", 1e-4)
+    assert data == {"reward_model": {"target": "soft", "train_args": {"learning_rate": 3e-4}}}
+    assert (second.reward_model.target, second.reward_model.train_args["learning_rate"]) == ("soft", 3e-4)
