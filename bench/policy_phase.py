@@ -1,7 +1,8 @@
 """Time a GRPO step: (a) bare TRL GRPOTrainer + verifier, (b) ours in outcome mode, (c) ours in process mode.
 
-Same bootstrapped policy, same GRPOConfig, same prompts. Prints the median step time of each and
-the ratios (goals: b/a <= 1.05, c/a <= 1.3).   Run: python bench/policy_phase.py [--steps 12]
+Same bootstrapped policy, same GRPOConfig, same prompts, and the config's `policy.lora` (if any) for all
+three, as the policy phase trains. Prints the median step time of each and the ratios (goals: b/a <= 1.05,
+c/a <= 1.3).   Run: python bench/policy_phase.py [--steps 12]
 Another config (a real model, on a GPU when there is one) and TRL's vLLM generation beside HF generate:
   python bench/policy_phase.py --config configs/smollm2-gsm8k.yaml --set grpo.max_completion_length=128 --vllm
 """
@@ -12,12 +13,13 @@ import argparse
 import statistics
 import time
 
+import torch
 from _common import CACHE, bootstrapped_policy, quickstart
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from models import reward_model_from_policy, save_model
-from models.factories import load_tokenizer
+from models.factories import load_tokenizer, lora_config
 from pipeline.config import grpo_config, load_config
 from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, round_prompts
 from pipeline.problems import problem_set_from_config
@@ -54,6 +56,8 @@ def main() -> None:
     tok = load_tokenizer(str(policy))
     data = round_prompts(ps, 10_000, cfg.run.seed, 1, renderer=renderer_from_config(cfg, tok))
     args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=a.steps + a.warmup, logging_steps=1000)
+    lo = cfg.policy.lora  # the policy phase's adapter (pipeline.policy.run_policy_phase), for bare TRL too
+    peft = lora_config(lo.r, lo.alpha, lo.dropout, lo.target_modules, "CAUSAL_LM") if lo else None
 
     def run(kind: str) -> float:
         timer = StepTimer()
@@ -63,7 +67,7 @@ def main() -> None:
                 run_args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=a.steps + a.warmup, logging_steps=1000,
                                        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
             trainer = GRPOTrainer(model=str(policy), reward_funcs=[verifier_reward(ps)], args=run_args,
-                                  train_dataset=data, processing_class=tok, callbacks=[timer])
+                                  train_dataset=data, processing_class=tok, callbacks=[timer], peft_config=peft)
         else:
             mode = "outcome" if kind == "outcome" else "process"
             funcs, _ = build_reward_funcs(cfg.model_copy(update={"supervision": cfg.supervision.model_copy(update={"mode": mode})}), ps, {})
@@ -75,7 +79,8 @@ def main() -> None:
                 m = m.to(args.device)  # beside the policy (a GPU when there is one)
                 prm = PrmScorer(m, t, batch_size=cfg.collect.batch_size)
             trainer = ProcessGRPOTrainer(model=str(policy), reward_funcs=funcs, args=args, train_dataset=data,
-                                         processing_class=tok, callbacks=[timer], prm_scorer=prm, supervision=mode)
+                                         processing_class=tok, callbacks=[timer], prm_scorer=prm, supervision=mode,
+                                         peft_config=peft)
         trainer.train()
         return statistics.median(timer.times[a.warmup:])
 
@@ -93,7 +98,8 @@ def main() -> None:
     if a.vllm:
         v = results["bare-vllm"][0]
         print(f"(d) bare TRL, vLLM colocate         : {v * 1000:8.1f} ms/step   a/d = {bare / v:.3f}  (HF generate / vLLM)")
-    print(f"device: {args.device}, model: {cfg.policy.model}, completions up to {args.max_completion_length} tokens")
+    print(f"device: {args.device}, model: {cfg.policy.model}, completions up to {args.max_completion_length} tokens, "
+          f"LoRA: {f'r={lo.r} on {lo.target_modules}' if lo else 'none'}, torch threads: {torch.get_num_threads()}")
 
 
 if __name__ == "__main__":

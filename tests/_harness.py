@@ -78,7 +78,7 @@ class Killed(NamedTuple):
 
 def sigkill_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = None,
                 ready: Callable[[], bool] | None = None, settle: float = 0.0, timeout: float = 400,
-                signum: int = signal.SIGKILL, group: bool = False) -> Killed:
+                signum: int = signal.SIGKILL, group: bool = False, prefect_api: str | None = None) -> Killed:
     """`igrpo run` on the config `data` in a subprocess, SIGKILLed (or sent `signum`) at a chosen point.
 
     hold: (module, function, needle): the first call of `module.function` whose arguments name a path
@@ -87,6 +87,8 @@ def sigkill_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = Non
     ready: otherwise, a predicate polled every 0.05 s; the run is killed `settle` seconds after it holds.
     signum, group: the signal, sent to the process or (as a terminal's Ctrl-C) to its whole process group;
         a run that has not exited 60 s after it is SIGKILLed.
+    prefect_api: the URL of a running Prefect server for the run (as a user's PREFECT_API_URL); None: the run
+        starts its own ephemeral server, as a first `igrpo run` does (10-20 s on a loaded 2-core machine).
     The subprocess has a session of its own; whatever it leaves (its Prefect server) is killed with its group.
     """
     path = tmp_path / "mini.yaml"
@@ -101,6 +103,8 @@ def sigkill_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = Non
            # failed at connect, before any phase); 120 s as for the session's harness in conftest.py.
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
     env.pop("PREFECT_API_URL", None)
+    if prefect_api:
+        env["PREFECT_API_URL"] = prefect_api
     log = tmp_path / "killed-run.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", HOLD_THEN_RUN, str(path), str(marker), *(hold or ())],
@@ -143,8 +147,9 @@ def mlflow_structure(experiment: str) -> dict:
             "all": by_id}
 
 
-def assert_complete_run(cfg, experiment: str) -> None:
-    """Every phase of every round done, one shard of M x G samples per round, one MLflow run per round and phase."""
+def assert_complete_run(cfg, experiment: str, maj_k: int = 4) -> None:
+    """Every phase of every round done, one shard of M x G samples per round, one MLflow run per round and phase,
+    and Maj@`maj_k` on the parent run once per round."""
     run_dir, rounds = cfg.run_dir, cfg.run.rounds
     manifest = read_json(run_dir / "manifest.json")
     assert set(manifest["phases"]) == {phase_key(r, p) for r in range(rounds + 1) for p in PHASES}
@@ -160,5 +165,5 @@ def assert_complete_run(cfg, experiment: str) -> None:
     for name, phases in s["phases"].items():
         assert phases == sorted(f"{name}-{p}" for p in PHASES)
     parent = s["parents"][0].info.run_id
-    history = MlflowClient().get_metric_history(parent, "eval/maj_at_4")
+    history = MlflowClient().get_metric_history(parent, f"eval/maj_at_{maj_k}")
     assert sorted(h.step for h in history) == list(range(rounds + 1))

@@ -1,18 +1,20 @@
 """One process-supervised GRPO step on fixed completions; run by tests/test_launcher.py as 1 and as 2 processes.
 
-    python tests/launcher_step.py MODELS_DIR OUT_JSON PER_DEVICE_BATCH [MODE]       (one process)
+    python tests/launcher_step.py MODELS_DIR OUT_JSON PER_DEVICE_BATCH [MODES]       (one process)
     accelerate launch --config_file configs/accelerate/cpu_2proc.yaml tests/launcher_step.py ...  (two)
 
-MODE is `process` (the default) or `hybrid` (min credit, w = 0.5, an outcome reward that varies in each
-group, so TRL's per-process outcome advantages must be gathered in order before the process term is added).
+MODES is a comma-separated list, one step (a fresh trainer from the saved policy) per mode, in order, in the
+same processes (a launch costs seconds): `process` (the default) or `hybrid` (min credit, w = 0.5, an outcome
+reward that varies in each group, so TRL's per-process outcome advantages must be gathered in order before
+the process term is added).
 
 Sampling is replaced by a fixed table of completions indexed by the completion's place in the *global*
 generation batch (process index x local batch + row), because sampled completions depend on each
 process's random stream and would differ between 1 and 2 processes. Everything after sampling is the
 real path: TRL tokenises and pads, our `ProcessGRPOTrainer` scores steps with the PRM, gathers them over
 processes, normalises per group and slices its rows; TRL computes the loss and DDP averages gradients.
-The main process writes the gathered prompts, completions and advantages, the logged loss of the step,
-and the gradient's norm and every 37th value (before the optimizer step) to OUT_JSON.
+The main process writes, per mode, the gathered prompts, completions and advantages, the logged loss of the
+step, and the gradient's norm and every 37th value (before the optimizer step) to OUT_JSON ({mode: figures}).
 """
 
 from __future__ import annotations
@@ -84,7 +86,14 @@ def says_an_answer(completions, **kwargs) -> list[float]:
     return [float("The answer is" in c) for c in completions]
 
 
-def main(models_dir: str, out_json: str, per_device_batch: int, mode: str = "process") -> None:
+def main(models_dir: str, out_json: str, per_device_batch: int, modes: str = "process") -> None:
+    results = {mode: step(models_dir, per_device_batch, mode) for mode in modes.split(",")}
+    if None not in results.values():  # the main process
+        write_json_atomic(out_json, results)
+
+
+def step(models_dir: str, per_device_batch: int, mode: str) -> dict | None:
+    """One GRPO step in `mode`; its figures (on the main process; None on the others)."""
     tokenizer = load_tokenizer(f"{models_dir}/policy")
     prm, prm_tok, _ = load_reward_model(f"{models_dir}/prm", expect="prm")
     cfg = PipelineConfig(grpo={"num_generations": 4, "per_device_train_batch_size": per_device_batch, "max_steps": 1,
@@ -99,13 +108,13 @@ def main(models_dir: str, out_json: str, per_device_batch: int, mode: str = "pro
         callbacks=[probe], prm_scorer=PrmScorer(prm, prm_tok), supervision=mode, **hybrid,
     )
     trainer.train()
-    if trainer.accelerator.is_main_process:
-        loss = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
-        share = next((h["hybrid/process_variance_share"] for h in trainer.state.log_history
-                      if "hybrid/process_variance_share" in h), None)
-        write_json_atomic(out_json, {**trainer.record, "loss": loss, "share": share,
-                                     "processes": trainer.accelerator.num_processes,
-                                     "grad_norm": probe.grad.norm().item(), "grad_sample": probe.grad[::37].tolist()})
+    if not trainer.accelerator.is_main_process:
+        return None
+    loss = next(h["loss"] for h in trainer.state.log_history if "loss" in h)
+    share = next((h["hybrid/process_variance_share"] for h in trainer.state.log_history
+                  if "hybrid/process_variance_share" in h), None)
+    return {**trainer.record, "loss": loss, "share": share, "processes": trainer.accelerator.num_processes,
+            "grad_norm": probe.grad.norm().item(), "grad_sample": probe.grad[::37].tolist()}
 
 
 if __name__ == "__main__":

@@ -130,9 +130,9 @@ def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
 
 
 @pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
-@pytest.mark.parametrize("mode", ["process", "hybrid"])
-def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_path, mode):
-    """One process-supervised GRPO step on the same 12 completions: 1 process x 12 rows, 2 processes x 6 rows.
+def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_path):
+    """One process-supervised GRPO step on the same 12 completions: 1 process x 12 rows, 2 processes x 6 rows;
+    then one hybrid-mode step in the same processes (a fresh trainer from the same saved policy).
 
     Sampling is replaced by a fixed completion table (see tests/launcher_step.py): sampled completions follow
     each process's random stream and cannot match. With 3 groups of 4 over 2 x 6 rows the middle group
@@ -143,16 +143,23 @@ def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_pat
     """
     build_models(tmp_path)
     one, two = tmp_path / "one.json", tmp_path / "two.json"
+    modes = ["process", "hybrid"]
     launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
     # Both at once: the 1-process run is plain Python, no torch.distributed (what `launcher: local` runs).
-    single = subprocess.Popen([sys.executable, str(STEP_SCRIPT), str(tmp_path), str(one), "12", mode], env=child_env(),
+    step_args = lambda out, rows: [str(STEP_SCRIPT), str(tmp_path), str(out), rows, ",".join(modes)]  # noqa: E731
+    single = subprocess.Popen([sys.executable, *step_args(one, "12")], env=child_env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    run_logged(launch_command(launcher, [str(STEP_SCRIPT), str(tmp_path), str(two), "6", mode]),
-               tmp_path / "two.log", child_env(), "the 2-process step")
+    run_logged(launch_command(launcher, step_args(two, "6")), tmp_path / "two.log", child_env(), "the 2-process step")
     _, err = single.communicate(timeout=300)
     assert single.returncode == 0, err[-3000:]
-    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    ones, twos = json.loads(one.read_text()), json.loads(two.read_text())
+    assert set(ones) == set(twos) == set(modes)
+    for mode in modes:
+        _assert_same_step(ones[mode], twos[mode], mode)
 
+
+def _assert_same_step(a: dict, b: dict, mode: str) -> None:
+    """The 1-process step `a` and the 2-process step `b` agree (test above)."""
     assert (a["processes"], b["processes"]) == (1, 2)
     # The same global batch in the same order: RepeatSampler's seeded order, rows split by rank.
     assert a["prompts"] == b["prompts"] and len(a["prompts"]) == 12 and len(set(a["prompts"])) == 3
@@ -160,19 +167,19 @@ def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_pat
     # Advantages: identical (same fp32 operations on the same gathered step scores), row by row, token by token.
     assert [len(r) for r in a["advantages"]] == [len(r) for r in b["advantages"]]
     for ra, rb in zip(a["advantages"], b["advantages"]):
-        assert rb == pytest.approx(ra, abs=1e-6)
+        assert rb == pytest.approx(ra, abs=1e-6), mode
     assert any(abs(v) > 0.1 for r in a["advantages"] for v in r)  # not a trivial all-zero case
     if mode == "hybrid":  # both terms carry signal, and the PRM's share of the variance is the same
         assert 0.01 < a["share"] < 0.99 and b["share"] == pytest.approx(a["share"], abs=1e-6)
     # Loss: TRL's DAPO loss normalises by the global token count / processes; the logged loss is the mean
     # over processes, so it equals the 1-process loss. Measured: advantages equal exactly, loss 1.2e-7 apart
     # (2 float32 ulps at 0.66), gradient entries within 1.5e-8 (largest 0.16).
-    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7), mode
     assert a["loss"] != 0
     # Gradient after DDP's all-reduce (mean over processes): the same up to float summation order.
-    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5), mode
     ga, gb = torch.tensor(a["grad_sample"]), torch.tensor(b["grad_sample"])
-    torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6, msg=lambda m: f"{mode}: {m}")
 
 
 # --- the phases through the pipeline ---------------------------------------------------------------------
