@@ -19,9 +19,9 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from models import reward_model_from_policy, save_model
-from models.factories import load_tokenizer, lora_config
+from models.factories import load_tokenizer
 from pipeline.config import grpo_config, load_config
-from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, round_prompts
+from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, policy_peft_config, round_prompts
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.rewards import verifier_reward
@@ -56,8 +56,8 @@ def main() -> None:
     tok = load_tokenizer(str(policy))
     data = round_prompts(ps, 10_000, cfg.run.seed, 1, renderer=renderer_from_config(cfg, tok))
     args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=a.steps + a.warmup, logging_steps=1000)
-    lo = cfg.policy.lora  # the policy phase's adapter (pipeline.policy.run_policy_phase), for bare TRL too
-    peft = lora_config(lo.r, lo.alpha, lo.dropout, lo.target_modules, "CAUSAL_LM") if lo else None
+    peft = policy_peft_config(cfg)  # the policy phase's adapter, for bare TRL too
+    lo = cfg.policy.lora
 
     def run(kind: str) -> float:
         timer = StepTimer()

@@ -250,6 +250,12 @@ def reward_models_needed(cfg: PipelineConfig) -> dict[str, str]:
     return needed
 
 
+def policy_peft_config(cfg: PipelineConfig):
+    """The GRPO phase's adapter (`policy.lora`) as a PEFT LoraConfig; None trains every weight."""
+    lo = cfg.policy.lora
+    return lora_config(lo.r, lo.alpha, lo.dropout, lo.target_modules, "CAUSAL_LM") if lo else None
+
+
 def run_policy_phase(
     cfg: PipelineConfig,
     problem_set: ProblemSet,
@@ -280,8 +286,7 @@ def run_policy_phase(
                          renderer=renderer_from_config(cfg, tokenizer))
     prm = GoldStepScorer.from_rows(problem_set, data) if cfg.reward_model.oracle == "gold" else scorers.get("prm")
 
-    lo = cfg.policy.lora
-    peft_config = lora_config(lo.r, lo.alpha, lo.dropout, lo.target_modules, "CAUSAL_LM") if lo else None
+    peft_config = policy_peft_config(cfg)
 
     # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.
     scratch = Path(out_dir).parent / f".trainer-{Path(out_dir).name}"

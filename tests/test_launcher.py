@@ -145,8 +145,11 @@ def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_pat
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     modes = ["process", "hybrid"]
     launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
+
+    def step_args(out, rows: str) -> list[str]:
+        return [str(STEP_SCRIPT), str(tmp_path), str(out), rows, ",".join(modes)]
+
     # Both at once: the 1-process run is plain Python, no torch.distributed (what `launcher: local` runs).
-    step_args = lambda out, rows: [str(STEP_SCRIPT), str(tmp_path), str(out), rows, ",".join(modes)]  # noqa: E731
     single = subprocess.Popen([sys.executable, *step_args(one, "12")], env=child_env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     run_logged(launch_command(launcher, step_args(two, "6")), tmp_path / "two.log", child_env(), "the 2-process step")
