@@ -43,10 +43,14 @@ class Stopper:
 
     def unraisable(self, hook_args) -> None:
         """`sys.unraisablehook`: a signal's exception raised while Python ran a weakref callback or a `__del__`
-        is printed and dropped there, and the program runs on; send the signal again, to land in the program."""
-        if self.signum and not issubclass(hook_args.exc_type, Exception):
-            self.lost.set()
-            threading.Timer(0.01, os.kill, (os.getpid(), self.signum)).start()
+        is printed and dropped there, and the program runs on; send the signal again, to land in the program.
+        Prefect's SIGTERM bridge raises before the watchdog has seen the signal: its TerminationSignal names it."""
+        signum = self.signum or getattr(hook_args.exc_value, "signal", None)
+        if signum and not issubclass(hook_args.exc_type, Exception):
+            self.signum = signum
+            if signal.getsignal(signum) == self.handler:  # else it lands in Prefect's bridge, which raises again
+                self.lost.set()
+            threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
         else:
             self.previous_hook(hook_args)
 

@@ -31,12 +31,15 @@ with stop_on_signals(grace_s=grace) as stopper:
     stopper.at_hard_exit(lambda: (out / "tidied").touch())
     try:
         (out / "working").touch()
-        if mode == "swallowed":  # the signal lands while Python runs a weakref callback, which drops exceptions
-            import os, signal, weakref
+        if mode.startswith("swallowed"):  # the signal lands while Python runs a weakref callback, which drops
+            import contextlib, os, signal, weakref  # exceptions; "swallowed-in-flow": Prefect's SIGTERM bridge
+            from prefect.utilities.engine import capture_sigterm  # (a flow's) takes it, not our handler
             class Obj: pass
-            obj = Obj()
-            ref = weakref.ref(obj, lambda _: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))
-            del obj
+            with capture_sigterm() if mode == "swallowed-in-flow" else contextlib.nullcontext():
+                obj = Obj()
+                ref = weakref.ref(obj, lambda _: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))
+                del obj
+                time.sleep(600)
         time.sleep(600)
     except BaseException as e:
         if mode == "hang":
@@ -66,10 +69,12 @@ def test_a_signal_unwinds_the_body(tmp_path, signum):
     assert f"igrpo: {signal.Signals(signum).name}: stopping" in proc.stderr.read()
 
 
-def test_a_signal_swallowed_by_a_weakref_callback_still_stops(tmp_path):
+@pytest.mark.parametrize("mode", ["swallowed", "swallowed-in-flow"])
+def test_a_signal_swallowed_by_a_weakref_callback_still_stops(tmp_path, mode):
     """Seen in GRPO: the KeyboardInterrupt landed in a WeakSet callback, Python printed and dropped it, and the run
-    went on to finish."""
-    proc = _stoppable(tmp_path, "swallowed", grace=300)
+    went on to finish. And in collection, inside a flow: Prefect's TerminationSignal, dropped the same way before
+    our watchdog thread had seen the signal."""
+    proc = _stoppable(tmp_path, mode, grace=300)
     assert proc.wait(timeout=20) == 128 + signal.SIGTERM
     assert (tmp_path / "cleaned").exists() and not (tmp_path / "tidied").exists()
     assert "Traceback" not in proc.stderr.read()
