@@ -155,9 +155,11 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
 
 def _dequantized(model: PreTrainedModel) -> PreTrainedModel:
     """A model loaded from GGUF holds plain dequantised weights, but transformers keeps its GGUF quantizer
-    attached and then refuses `save_pretrained`: drop the marker so it saves as an ordinary checkpoint."""
+    attached and then refuses `save_pretrained`, and its Trainer refuses to fine-tune it: drop the markers so it
+    saves and trains as an ordinary checkpoint."""
     if getattr(model, "hf_quantizer", None) is not None and type(model.hf_quantizer).__name__ == "GgufHfQuantizer":
         model.hf_quantizer = None
+        model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     return model

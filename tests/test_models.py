@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from models import (
@@ -275,6 +276,15 @@ def test_real_smollm2_gguf_loads_generates_and_saves_as_a_plain_checkpoint(tmp_p
     new = tokenizer.decode(out[0, batch.input_ids.shape[1] :], skip_special_tokens=True)
     assert out.shape[1] > batch.input_ids.shape[1]
     assert new.strip(), f"greedy continuation is blank: {new!r}"
+
+    # configs/smollm2-arith.yaml's round 0 fine-tunes the GGUF-loaded model (SFT on the answer format): transformers'
+    # Trainer refused it as "quantized" (is_quantized stayed set) and then failed on its missing quantizer.
+    from trl import SFTConfig, SFTTrainer
+
+    rows = Dataset.from_list([{"prompt": "2+3=", "completion": "5"}] * 2)
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=2, report_to=[],
+                     save_strategy="no", learning_rate=1e-5, bf16=False)
+    SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer).train()
 
     # Round 0 of configs/smollm2-gsm8k.yaml (bootstrap.sft: false) saves the GGUF-loaded model as it is;
     # transformers refuses to save a model that still carries its GGUF quantizer, though the weights are
