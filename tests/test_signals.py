@@ -107,7 +107,9 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
 # Where each stop lands, in run order: (round, phase, signal, to the whole process group, seconds after the
 # phase's MLflow run appears). The trainers are sized to last several seconds, so 0.5 s in is inside their
 # steps; collection is over in about a second here, so its signal goes at once (into its model load and first
-# batch), and the test checks that the phase did not finish first.
+# batch), and the test checks that the phase did not finish first. A signal to the whole group reaches the run's
+# own ephemeral Prefect server too, as a terminal's does; the others run on the session's server (the 10-20 s
+# of a server start saved).
 STOPS = [
     (0, "policy", signal.SIGINT, True, 0.5),  # SFT; Ctrl-C in a terminal reaches Prefect's server too
     (0, "collect", signal.SIGTERM, False, 0.0),  # `timeout`, Kubernetes
@@ -146,6 +148,8 @@ def _figures(run_dir: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.usefixtures("isolated")
 def test_signals_in_each_phase_then_resume(tmp_path, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
     from flows.iterative import iterative_rl
 
     data = _config(tmp_path / "stopped")
@@ -153,7 +157,7 @@ def test_signals_in_each_phase_then_resume(tmp_path, prefect_harness):
     manifest = cfg.run_dir / "manifest.json"
     for r, phase, signum, group, settle in STOPS:
         stopped = sigkill_run(tmp_path, data, ready=_inside(manifest, r, phase), settle=settle, signum=signum,
-                              group=group)
+                              group=group, prefect_api=None if group else PREFECT_API_URL.value())
         where = f"{signal.Signals(signum).name} in round {r}'s {phase}"
         assert stopped.reached, f"the run ended before {where}:\n{stopped.log}"
         assert stopped.returncode == 128 + signum, f"{where}: rc {stopped.returncode}\n{stopped.log}"

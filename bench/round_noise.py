@@ -1,0 +1,86 @@
+"""Is a later policy better than round 0's beyond the evaluation's noise?
+
+Evaluates policies (rounds of a run directory, or checkpoints given with --policy) on the same held-out
+problems, with the run's own eval settings (greedy, `eval.samples_per_problem` samples at its temperature),
+and prints greedy, Pass@1 and Maj@n for each, each one's difference from the first, and the difference's
+standard error from the per-problem differences (paired: every policy answers the same problems, so the
+problems' difficulty cancels; the unpaired SE beside it is what two independent evaluations would give).
+`--seeds` repeats the sampling with other seeds: the spread of a sampled metric's difference across seeds
+is the sampling noise alone.
+
+    python bench/round_noise.py runs/smollm2-arith --rounds 0 1 2 --seeds 0 1
+    python bench/round_noise.py runs/smollm2-arith --rounds 0 --policy runs/other/round-002/policy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
+import numpy as np
+
+from pipeline.config import config_from_dict
+from pipeline.evaluate import maj_at_k
+from pipeline.generation import load_sampling_model, sample
+from pipeline.problems import problem_set_from_config
+from pipeline.prompts import renderer_from_config
+from pipeline.rundir import RunDir
+
+
+def per_problem(cfg, policy: Path, seed: int) -> dict[str, np.ndarray]:
+    """Greedy correctness, Pass@1 and Maj@n of each held-out problem (0/1 or expected values)."""
+    e = cfg.eval
+    problem_set = problem_set_from_config(cfg)
+    problems = problem_set.test[: e.num_problems]
+    model, tokenizer = load_sampling_model(str(policy), e.backend, e.vllm_args)
+    prompts = [renderer_from_config(cfg, tokenizer).render(p) for p in problems]
+    opts = dict(max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=seed)
+    greedy = sample(model, tokenizer, prompts, 1, greedy=True, desc="greedy", **opts)
+    sampled = sample(model, tokenizer, prompts, e.samples_per_problem, temperature=e.temperature, top_p=e.top_p,
+                     desc="samples", **opts)
+    correct = [[problem_set.is_correct(t, p) for t in texts] for texts, p in zip(sampled.texts, problems)]
+    answers = [[problem_set.extract_answer(t) for t in texts] for texts in sampled.texts]
+    n = e.samples_per_problem
+    return {
+        "greedy": np.array([problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)], float),
+        "pass@1": np.array([np.mean(c) for c in correct]),
+        f"maj@{n}": np.array([maj_at_k(a, c, n) for a, c in zip(answers, correct)]),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path, help="the run whose config (and rounds) are evaluated")
+    ap.add_argument("--rounds", type=int, nargs="+", default=[0], help="its rounds' policies, the first the baseline")
+    ap.add_argument("--policy", type=Path, action="append", default=[], help="another policy checkpoint (repeatable)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="sampling seeds (the run's seed is added)")
+    args = ap.parse_args()
+    cfg = config_from_dict(json.loads((args.run_dir / "manifest.json").read_text())["config"])
+    run = RunDir(args.run_dir)
+    policies = {f"round {r}": run.policy(r) for r in args.rounds} | {str(p): p for p in args.policy}
+    names = list(policies)
+    print(f"{args.run_dir}: {cfg.eval.num_problems} problems, {cfg.eval.samples_per_problem} samples at "
+          f"T={cfg.eval.temperature}; differences against {names[0]}")
+    print(f"{'seed':>4} {'policy':<44} {'metric':<8} {'value':>6} {'diff':>7} {'paired SE':>9} {'unpaired SE':>11}")
+    diffs: dict[tuple[str, str], list[float]] = {}
+    for s in args.seeds:
+        values = {name: per_problem(cfg, path, cfg.run.seed + s) for name, path in policies.items()}
+        base = values[names[0]]
+        for name in names:
+            for k, y in values[name].items():
+                x, d = base[k], y - base[k]
+                paired = d.std(ddof=1) / np.sqrt(len(d))
+                unpaired = np.sqrt(x.var(ddof=1) / len(d) + y.var(ddof=1) / len(d))
+                diffs.setdefault((name, k), []).append(d.mean())
+                print(f"{s:>4} {name[-44:]:<44} {k:<8} {y.mean():>6.3f} {d.mean():>+7.3f} {paired:>9.3f} "
+                      f"{unpaired:>11.3f}")
+    if len(args.seeds) > 1:
+        for (name, k), v in diffs.items():
+            if name != names[0]:
+                print(f"{name[-44:]}: {k} diff over seeds {np.mean(v):+.3f} ± {np.std(v, ddof=1):.3f} (sampling alone)")
+
+
+if __name__ == "__main__":
+    main()
