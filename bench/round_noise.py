@@ -22,31 +22,26 @@ import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
 import numpy as np
 
 from pipeline.config import config_from_dict
-from pipeline.evaluate import maj_at_k
-from pipeline.generation import load_sampling_model, sample
+from pipeline.evaluate import evaluate_policy, maj_at_k
+from pipeline.generation import load_sampling_model
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.rundir import RunDir
 
 
-def per_problem(cfg, policy: Path, seed: int) -> dict[str, np.ndarray]:
-    """Greedy correctness, Pass@1 and Maj@n of each held-out problem (0/1 or expected values)."""
+def per_problem(cfg, problem_set, problems: list, policy: Path, seed: int) -> dict[str, np.ndarray]:
+    """Greedy correctness, Pass@1 and Maj@n of each problem (0/1 or expected values), as the eval phase samples."""
     e = cfg.eval
-    problem_set = problem_set_from_config(cfg)
-    problems = problem_set.test[: e.num_problems]
     model, tokenizer = load_sampling_model(str(policy), e.backend, e.vllm_args)
-    prompts = [renderer_from_config(cfg, tokenizer).render(p) for p in problems]
-    opts = dict(max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=seed)
-    greedy = sample(model, tokenizer, prompts, 1, greedy=True, desc="greedy", **opts)
-    sampled = sample(model, tokenizer, prompts, e.samples_per_problem, temperature=e.temperature, top_p=e.top_p,
-                     desc="samples", **opts)
-    correct = [[problem_set.is_correct(t, p) for t in texts] for texts, p in zip(sampled.texts, problems)]
-    answers = [[problem_set.extract_answer(t) for t in texts] for texts in sampled.texts]
+    render = renderer_from_config(cfg, tokenizer).render
+    ev = evaluate_policy(model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
+                         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=seed,
+                         prompts=[render(p) for p in problems])
     n = e.samples_per_problem
     return {
-        "greedy": np.array([problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)], float),
-        "pass@1": np.array([np.mean(c) for c in correct]),
-        f"maj@{n}": np.array([maj_at_k(a, c, n) for a, c in zip(answers, correct)]),
+        "greedy": np.array(ev.greedy_correct, float),
+        "pass@1": np.array([np.mean(c) for c in ev.correct]),
+        f"maj@{n}": np.array([maj_at_k(a, c, n) for a, c in zip(ev.answers, ev.correct)]),
     }
 
 
@@ -58,6 +53,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="sampling seeds (the run's seed is added)")
     args = ap.parse_args()
     cfg = config_from_dict(json.loads((args.run_dir / "manifest.json").read_text())["config"])
+    problem_set = problem_set_from_config(cfg)
+    problems = problem_set.test[: cfg.eval.num_problems]
     run = RunDir(args.run_dir)
     policies = {f"round {r}": run.policy(r) for r in args.rounds} | {str(p): p for p in args.policy}
     names = list(policies)
@@ -66,7 +63,8 @@ def main() -> None:
     print(f"{'seed':>4} {'policy':<44} {'metric':<8} {'value':>6} {'diff':>7} {'paired SE':>9} {'unpaired SE':>11}")
     diffs: dict[tuple[str, str], list[float]] = {}
     for s in args.seeds:
-        values = {name: per_problem(cfg, path, cfg.run.seed + s) for name, path in policies.items()}
+        values = {name: per_problem(cfg, problem_set, problems, path, cfg.run.seed + s)
+                  for name, path in policies.items()}
         base = values[names[0]]
         for name in names:
             for k, y in values[name].items():

@@ -59,7 +59,8 @@ def run_eval_phase(
     problem_set = problem_set_from_config(cfg)
     problems = problem_set.test[: e.num_problems]
     model, tokenizer = load_sampling_model(str(policy_path), e.backend, e.vllm_args)
-    rendered = [renderer_from_config(cfg, tokenizer).render(p) for p in problems]  # what the RMs score after, too
+    render = renderer_from_config(cfg, tokenizer).render
+    rendered = [render(p) for p in problems]  # what the RMs score after, too
     ev = evaluate_policy(
         model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + round_index,

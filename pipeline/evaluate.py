@@ -243,12 +243,14 @@ def plot_pass_maj(curves: dict[str, dict[str, float]], path: str | os.PathLike) 
 
 @dataclass
 class PolicyEval:
-    """Metrics (`greedy`, `pass@K`, `maj@K`) and, per problem, the sampled texts and answers."""
+    """Metrics (`greedy`, `pass@K`, `maj@K`) and, per problem, the sampled texts and answers and whether the
+    greedy answer was right."""
 
     metrics: dict[str, float]
     texts: list[list[str]]
     answers: list[list[str | None]]
     correct: list[list[bool]]
+    greedy_correct: list[bool]
 
 
 def evaluate_policy(
@@ -278,12 +280,13 @@ def evaluate_policy(
     sampled = sample(model, tokenizer, prompts, n, temperature=temperature, top_p=top_p, desc="eval samples", **opts)
     answers = [[problem_set.extract_answer(t) for t in texts] for texts in sampled.texts]
     correct = [[problem_set.is_correct(t, p) for t in texts] for texts, p in zip(sampled.texts, problems)]
+    greedy_correct = [problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)]
     metrics = {
-        "greedy": float(np.mean([problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)])),
+        "greedy": float(np.mean(greedy_correct)),
         **summarize_samples(list(zip(answers, correct)), ks_up_to(n)),
         "completions_per_s": len(prompts) * n / sampled.seconds,
     }
-    return PolicyEval(metrics, sampled.texts, answers, correct)
+    return PolicyEval(metrics, sampled.texts, answers, correct, greedy_correct)
 
 
 def weighted_vote(answers: Sequence[str | None], correct: Sequence[bool], scores: Sequence[float]) -> float:
