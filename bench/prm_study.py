@@ -21,6 +21,7 @@ policy's by design (its capacity is the policy's), so it is not a variant here.
 
   python bench/prm_study.py --run runs/experiments/verifier-s0          # ~15 min on 2 cores
   python bench/prm_study.py --run ... --only default --only hard        # some variants
+  python bench/prm_study.py --run ... --rounds 0                        # some rounds (warm starts chain within them)
 Results: `<run>/prm_study/results.json` (resumable: finished variant-rounds are kept), a table on stdout;
 bench/experiments.py's report puts the table in docs/results.md when the file exists.
 """
@@ -157,11 +158,13 @@ def main() -> None:
     ap.add_argument("--only", action="append", choices=list(VARIANTS), help="these variants only (repeatable)")
     ap.add_argument("--set", action="append", default=[], help="another reward_model override for every variant")
     ap.add_argument("--samples", type=int, default=8, help="samples per test problem for the test set")
+    ap.add_argument("--rounds", type=int, nargs="+", help="these rounds only (default: every collected round)")
     a = ap.parse_args()
     run = Path(a.run)
     out = run / "prm_study"
     manifest = Manifest.load(run)
     rounds = sorted({int(k.split("/")[0].split("-")[1]) for k in manifest.data["phases"] if k.endswith("/collect")})
+    rounds = [r for r in rounds if a.rounds is None or r in a.rounds]
     path = out / "results.json"
     saved = read_json(path) if path.exists() else {"run": str(run), "results": {}}
     for variant in a.only or list(VARIANTS):
