@@ -72,13 +72,16 @@ def training_rows(variant: str, rows: list[dict], seed: int) -> list[dict]:
 
 
 def step_auc_gold(scorer, problem_set, prompts: list[str], completions: list[str], problems: list) -> dict:
-    """Step AUC of the PRM against gold labels, and the solution AUC (min over steps) against the verifier."""
-    from pipeline.reward_model import auc, step_label_pairs
+    """Step AUC of the PRM against gold labels (over all steps, and within each step position), and the solution
+    AUC (min over steps) against the verifier."""
+    from pipeline.reward_model import auc, step_label_pairs, within_position_auc
 
     steps = scorer.step_scores(prompts, completions)
-    pairs = step_label_pairs(steps, [problem_set.gold_step_labels(t, p) for t, p in zip(completions, problems)])
+    gold = [problem_set.gold_step_labels(t, p) for t, p in zip(completions, problems)]
+    pairs = step_label_pairs(steps, gold)
     outcome = [int(problem_set.is_correct(t, p)) for t, p in zip(completions, problems)]
-    return {"step_auc_gold": auc(*zip(*pairs)), "steps": len(pairs),
+    return {"step_auc_gold": auc(*zip(*pairs)), "within_position": within_position_auc(steps, gold),
+            "steps": len(pairs),
             "wrong_step_share": 1 - sum(g for _, g in pairs) / max(len(pairs), 1),
             "solution_auc": auc([min(s) if s else 0.0 for s in steps], outcome)}
 

@@ -77,7 +77,8 @@ def cmd_eval(args) -> None:
 
     cfg = _config(args)
     rms = {kind: resolve_model_uri(path) for kind, path in _kind_paths(args.reward_model, "--reward-model").items()}
-    res = run_eval_phase(cfg, args.policy, reward_models=rms, json_path=Path(args.out) if args.out else None)
+    res = run_eval_phase(cfg, args.policy, reward_models=rms, round_index=args.round,
+                         json_path=Path(args.out) if args.out else None)
     print(f"{'metric':<20}{'value':>10}")
     for k, v in res.metrics.items():
         print(f"{k:<20}{v:>10.4f}")
@@ -179,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reward-model", action="append", default=[], metavar="KIND=PATH",
                    help="an RM for best-of-N, e.g. prm=runs/q/round-001/reward_model/prm or orm=models:/NAME@round-1")
     s.add_argument("--out", help="also write the figures to this JSON file (eval.json's format)")
+    s.add_argument("--round", type=int, default=0,
+                   help="round index: seeds the sampling as that round's eval phase does (run.seed + round)")
     s = cmd("grpo", cmd_grpo, "One GRPO phase (outcome or process supervision) from a policy.")
     s.add_argument("--policy", required=True)
     s.add_argument("--reward-model", help="PRM (process) or ORM (an orm reward): path or models:/name@alias")

@@ -73,7 +73,7 @@ def run_eval_phase(
     scores = {kind: [s.scores([q] * len(t), t) for q, t in zip(rendered, ev.texts)] for kind, s in scorers.items()}
     metrics |= best_of_n(scores, ev.correct, ev.answers, e.best_of_n)
     if "prm" in scores and problem_set.has_gold_step_labels:
-        metrics["eval/prm_step_auc_gold"] = gold_step_auc(problem_set, problems, ev.texts, scores["prm"])
+        metrics |= gold_step_aucs(problem_set, problems, ev.texts, scores["prm"])
     rows, seed = cfg.tracking.sample_table_rows, cfg.run.seed
     tables = {"eval": sample_table(eval_samples(problem_set, problems, rendered, ev.texts, ev.answers, ev.correct,
                                                 round_index), {k: Scores.concat(v) for k, v in scores.items()},
@@ -120,19 +120,21 @@ def best_of_n(scores: dict[str, list[Scores]], correct: list[list[bool]], answer
     return metrics
 
 
-def gold_step_auc(problem_set, problems: list, texts: list[list[str]], scores: list[Scores]) -> float:
-    """The PRM's step AUC against the gold step labels on every eval sample (NaN without a labelled step).
+def gold_step_aucs(problem_set, problems: list, texts: list[list[str]], scores: list[Scores]) -> dict[str, float]:
+    """The PRM's step AUC against the gold step labels on every eval sample, over all steps and within each step
+    position (`within_position_auc`: beyond the position prior); NaN without a labelled step.
 
     The RM phase's held-out slice (~150 samples, a few dozen wrong steps) cannot tell 0.80 from 0.85; the eval
     samples are held-out problems and thousands of steps, labelled exactly where the problem set has gold labels.
     A sample whose gold labels do not line up with its step scores (a blank completion) is left out.
     """
-    from pipeline.reward_model import auc, step_label_pairs
+    from pipeline.reward_model import auc, step_label_pairs, within_position_auc
 
     steps = [s for sc in scores for s in sc.steps]
     gold = [problem_set.gold_step_labels(t, p) for p, ts in zip(problems, texts) for t in ts]
     pairs = step_label_pairs(steps, gold)
-    return auc(*zip(*pairs)) if pairs else float("nan")
+    return {"eval/prm_step_auc_gold": auc(*zip(*pairs)) if pairs else float("nan"),
+            "eval/prm_step_auc_gold_within_position": within_position_auc(steps, gold)}
 
 
 def hacking_gap(predicted: list[float], outcomes: list[int]) -> float:

@@ -50,6 +50,29 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     return wins / (len(pos) * len(neg))
 
 
+def within_position_auc(step_scores: Sequence[Sequence[float]], labels: Sequence[Sequence | None]) -> float:
+    """Step AUC over the (right, wrong) pairs of steps at the same position (step index) only: what a PRM tells
+    apart beyond "later steps are wrong more often". First-error labels make every step after a mistake wrong,
+    so a PRM that learned only where a step sits gets a fair step AUC and 0.5 here. Samples whose labels do not
+    line up with their scores are left out (as `step_label_pairs`); NaN where no position has both classes.
+
+    >>> within_position_auc([[0.8, 0.3], [0.8, 0.3], [0.8, 0.3]], [[1, 0], [1, 1], [0, 0]])  # position only
+    0.5
+    """
+    by_position: dict[int, list[tuple]] = {}
+    for sc, ls in zip(step_scores, labels):
+        if ls and len(ls) == len(sc):
+            for j, pair in enumerate(zip(sc, ls)):
+                by_position.setdefault(j, []).append(pair)
+    wins = pairs = 0.0
+    for found in by_position.values():
+        n_pos = sum(1 for _, y in found if y)
+        n = n_pos * (len(found) - n_pos)
+        if n:  # Mann-Whitney within the position, pooled by its pair count
+            wins, pairs = wins + auc(*zip(*found)) * n, pairs + n
+    return wins / pairs if pairs else float("nan")
+
+
 def step_label_pairs(step_scores: Sequence[Sequence[float]], labels: Sequence[Sequence | None]) -> list[tuple]:
     """(score, label) of every step whose sample has labels lined up with its scores (one per step); the others
     (no labels, a count that differs, e.g. a blank completion) are left out.

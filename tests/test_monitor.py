@@ -168,7 +168,7 @@ def test_eval_phase_reports_the_rise_against_a_calibration_and_only_fresh_figure
 
 
 def test_gold_step_auc_of_the_eval_samples_ranks_step_scores_against_the_gold_labels():
-    from pipeline.eval_phase import gold_step_auc
+    from pipeline.eval_phase import gold_step_aucs
     from pipeline.problems import problem_set_from_config
     from pipeline.problems.arithmetic import answer_slip, format_solution, parse_prompt
     from pipeline.scorers import Scores
@@ -179,6 +179,9 @@ def test_gold_step_auc_of_the_eval_samples_ranks_step_scores_against_the_gold_la
     texts = [[p.solution, answer_slip(p.solution)] for p in problems]  # each: right, then the Answer line slipped
     gold = [[ps.gold_step_labels(t, p) for t in ts] for p, ts in zip(problems, texts)]
     assert all(g[0][-1] == 1 and g[1][-1] == 0 and g[1][:-1] == g[0][:-1] for g in gold)
+
+    def gold_step_auc(*args) -> float:
+        return gold_step_aucs(*args)["eval/prm_step_auc_gold"]
 
     def scored(wrong_answer: float, right_answer: float) -> list[Scores]:  # every non-Answer step scores 0.9
         return [Scores([0.0, 0.0], [[0.9] * (len(g[0]) - 1) + [right_answer], [0.9] * (len(g[1]) - 1) + [wrong_answer]])
@@ -195,3 +198,27 @@ def test_gold_step_auc_of_the_eval_samples_ranks_step_scores_against_the_gold_la
     # A blank completion (one score, no gold step) is left out rather than misaligned.
     blank = [Scores([0.0], [[0.5]])]
     assert gold_step_auc(ps, problems[:1], [[""]], blank) != gold_step_auc(ps, problems[:1], [[""]], blank)  # NaN
+
+
+def test_within_position_auc_sees_through_a_prm_that_learned_only_where_a_step_sits():
+    """Seen with SmolLM2's PRM (configs/smollm2-arith.yaml): scores falling with the step's position whatever
+    its correctness, a step AUC of ~0.65 against gold, from first-error labels that make late steps wrong more
+    often. Within each position such a PRM orders nothing."""
+    from pipeline.reward_model import auc, step_label_pairs, within_position_auc
+
+    # Four 3-step solutions: right throughout, wrong from step 3, from step 2, from step 1.
+    gold = [[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]]
+    by_position = [[0.8, 0.5, 0.2]] * 4
+    assert auc(*zip(*step_label_pairs(by_position, gold))) == pytest.approx(26 / 36)  # 0.72: the prior pays
+    assert within_position_auc(by_position, gold) == 0.5
+    # A PRM that sees the mistake, at any position: every right step above the wrong one beside it.
+    sees = [[0.8 - 0.3 * j + 0.1 * y for j, y in enumerate(g)] for g in gold]
+    assert within_position_auc(sees, gold) == 1.0
+    assert within_position_auc([[0.1 + x for x in s] for s in sees], gold) == 1.0  # a shift changes nothing
+    # Pooled by pairs: position 0 has 3 x 1 pairs (all right), position 2 has 1 x 3 (all wrong): 3 / 6.
+    mixed = [[0.9, 0.5, 0.1], [0.9, 0.5, 0.9], [0.9, 0.5, 0.9], [0.1, 0.5, 0.9]]
+    assert within_position_auc(mixed, gold) == pytest.approx((3 + 0.5 * 4 + 0) / (3 + 4 + 3))
+    # Misaligned or missing labels are left out; no position with both classes: NaN.
+    assert math.isnan(within_position_auc([[0.5, 0.5]], [[1, 1]]))
+    assert within_position_auc([*sees, [0.3]], [*gold, [1, 0]]) == 1.0
+    assert within_position_auc([*sees, [0.3]], [*gold, None]) == 1.0

@@ -182,5 +182,14 @@ def test_igrpo_eval_gives_best_of_n_for_the_reward_models_given_and_skips_the_re
     printed = capsys.readouterr().out
     assert "bon/prm@4" in printed and f"{'bon/prm_vote@4':<20}{with_prm['bon/prm_vote@4']:>10.4f}" in printed
 
+    # --round R samples as round R's eval phase does (seed run.seed + R), so a round's eval.json can be remade.
+    from pipeline.config import load_config
+    from pipeline.eval_phase import run_eval_phase
+
+    assert main([*base, "--round", "2", "--out", str(tmp_path / "round2.json")]) == 0
+    remade = run_eval_phase(load_config(config), str(policy), round_index=2).metrics
+    assert {k: v for k, v in read_json(tmp_path / "round2.json")["metrics"].items() if k not in timings} == {
+        k: v for k, v in remade.items() if k not in timings}
+
     assert main([*base, "--reward-model", str(prm)]) == 2
     assert "--reward-model takes KIND=PATH" in capsys.readouterr().err
