@@ -64,7 +64,7 @@ def _stop(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=10)  # a worker or server stops in a few seconds; past that, no reason to wait
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -174,5 +174,5 @@ def test_serve_registers_its_cron_schedule(tmp_path, server):
     finally:
         proc.send_signal(signal.SIGINT)  # how an operator stops `igrpo serve`
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
+            proc.wait(timeout=10)
         _stop(proc)

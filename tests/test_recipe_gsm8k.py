@@ -43,6 +43,7 @@ BUDGETS = [
     "collect.max_new_tokens=32",
     "reward_model.train_args.max_steps=1", "reward_model.train_args.per_device_train_batch_size=2",
     "eval.num_problems=1", "eval.samples_per_problem=2", "eval.max_new_tokens=16", "eval.best_of_n=[2]",
+    "tracking.register_policy=false",  # 2 x 540 MB fewer copies; the policy registry is tested on the mini runs
 ]
 
 
