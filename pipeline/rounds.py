@@ -294,7 +294,8 @@ def phase_runs(manifest: Manifest, cfg: PipelineConfig, round_index: int, phase:
 def _ensure_run(manifest: Manifest, key: str, parent: str, tags: dict) -> str:
     run_id = manifest.mlflow_run(key)
     if run_id is None or not tracking.run_exists(run_id):
-        run_id = tracking.create_run(manifest.data["experiment_id"], key.replace("/", "-"), parent, tags)
+        run_id = tracking.find_or_create_run(manifest.data["experiment_id"], manifest.slot(key),
+                                             key.replace("/", "-"), parent, tags)
         manifest.set_mlflow_run(key, run_id)
     return run_id
 
@@ -435,9 +436,12 @@ def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
     manifest.data["config"] = current
     experiment = tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
     manifest.data["experiment_id"] = experiment
+    manifest.slot("parent")  # gives a new manifest its id: saved before any MLflow run a kill could leave unrecorded
+    manifest.save()
     parent = manifest.mlflow_run("parent")
     if parent is None or not tracking.run_exists(parent):
-        parent = tracking.create_run(experiment, cfg.run.name, tags={"igrpo.run_dir": str(cfg.run_dir.resolve())})
+        parent = tracking.find_or_create_run(experiment, manifest.slot("parent"), cfg.run.name,
+                                             tags={"igrpo.run_dir": str(cfg.run_dir.resolve())})
         tracking.log_params(parent, tracking.flatten(current))
         manifest.data["mlflow"]["parent"] = parent
     else:

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,12 @@ class Manifest:
     def record(self, round_index: int, phase: str, output: dict) -> None:
         self.data["phases"][phase_key(round_index, phase)] = output
         self.save()
+
+    def slot(self, key: str) -> str:
+        """`<this manifest's id>/<key>`: the tag that finds this run directory's MLflow run `key` again
+        (`tracking.find_or_create_run`). The id is new with each manifest, so a run directory deleted and
+        started over never adopts the runs of the one before."""
+        return f"{self.data.setdefault('id', uuid.uuid4().hex)}/{key}"
 
     def mlflow_run(self, key: str) -> str | None:
         return self.data["mlflow"].get(key)

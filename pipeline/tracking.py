@@ -21,6 +21,7 @@ import mlflow
 from mlflow import MlflowClient
 
 PARENT_TAG = "mlflow.parentRunId"
+SLOT_TAG = "igrpo.slot"  # which run directory's run, and which one in it (find_or_create_run)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"  # MLflow 3's kind for training runs (the other: genai_development)
 
@@ -137,6 +138,18 @@ def create_run(experiment_id: str, name: str, parent_id: str | None = None, tags
     if parent_id:
         tags[PARENT_TAG] = parent_id
     return MlflowClient().create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+
+def find_or_create_run(experiment_id: str, slot: str, name: str, parent_id: str | None = None,
+                       tags: dict | None = None) -> str:
+    """The active run tagged `igrpo.slot = slot`, or a new one so tagged. A process killed after creating a run
+    but before recording its id finds that run again on resume instead of making a second one (the slot names
+    the run directory's manifest and the run's key in it; hex and `[a-z0-9/-]`, so it needs no quoting)."""
+    found = MlflowClient().search_runs([experiment_id], filter_string=f"tags.`{SLOT_TAG}` = '{slot}'",
+                                       max_results=1, order_by=["attributes.start_time ASC"])
+    if found:
+        return found[0].info.run_id
+    return create_run(experiment_id, name, parent_id, {**(tags or {}), SLOT_TAG: slot})
 
 
 def run_exists(run_id: str) -> bool:

@@ -193,3 +193,47 @@ def test_igrpo_eval_gives_best_of_n_for_the_reward_models_given_and_skips_the_re
 
     assert main([*base, "--reward-model", str(prm)]) == 2
     assert "--reward-model takes KIND=PATH" in capsys.readouterr().err
+
+
+# --- a kill between creating an MLflow run and recording it --------------------------------------------------
+
+
+@pytest.mark.usefixtures("isolated")
+def test_a_kill_after_an_mlflow_run_is_created_but_not_recorded_does_not_double_it(tmp_path, monkeypatch):
+    """Seen in `bench/faults.py --kills 2 --seed 4`: a SIGKILL at start-up, after the parent run was created and
+    before the manifest recorded it, left two parent runs named after the run once it was resumed. The same
+    window is there for every round, phase and model run."""
+    from mlflow import MlflowClient
+
+    from pipeline import rounds, tracking
+
+    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
+    client = MlflowClient(cfg.tracking.tracking_uri)
+
+    def named(name: str) -> list[str]:
+        experiment = client.get_experiment_by_name("mini").experiment_id
+        return [r.info.run_id for r in client.search_runs([experiment]) if r.info.run_name == name]
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the process dies here: nothing after it runs
+
+    with monkeypatch.context() as m:  # killed right after the parent run is created
+        m.setattr(tracking, "log_params", killed)
+        with pytest.raises(KeyboardInterrupt):
+            open_run(cfg)
+    assert len(named("mini")) == 1 and "parent" not in Manifest.load(cfg.run_dir).data["mlflow"]
+    manifest = open_run(cfg)  # the resume finds it
+    assert named("mini") == [manifest.mlflow_run("parent")]
+
+    with monkeypatch.context() as m:  # killed right after round 0's run is created
+        m.setattr(Manifest, "set_mlflow_run", killed)
+        with pytest.raises(KeyboardInterrupt):
+            rounds.phase_runs(manifest, cfg, 0, PHASES["collect"])
+    runs = rounds.phase_runs(Manifest.load(cfg.run_dir), cfg, 0, PHASES["collect"])
+    assert len(named("round-000")) == 1 and named("round-000-collect") == [runs.run_id]
+
+    # A run directory deleted and started over is a new run: it never adopts the runs of the one before.
+    import shutil
+
+    shutil.rmtree(cfg.run_dir)
+    assert open_run(cfg).mlflow_run("parent") != manifest.mlflow_run("parent") and len(named("mini")) == 2
