@@ -39,6 +39,9 @@ import traceback
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# Off unless the user turned them on, as `igrpo run` does: their insert into the ephemeral server's sqlite
+# races the flows' own writes and prints `database is locked` tracebacks.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from _common import ROOT  # noqa: E402  (sets sys.path, quiet warnings and tqdm)
 
 from pipeline.config import load_config  # noqa: E402

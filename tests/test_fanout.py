@@ -78,6 +78,7 @@ def _collect(tmp_path, policy_dir, name: str, **collect) -> list[dict]:
     return read_shard(res.shard_path)
 
 
+@pytest.mark.slow  # the session's Prefect server: ~20 s to start, kept out of `-m "not slow"`
 @pytest.mark.parametrize("strategy", ["exhaustive", "first_error"])
 def test_two_thread_workers_write_the_single_worker_shard(prefect_harness, tmp_path, tiny_policy_dir, strategy):
     from prefect import task

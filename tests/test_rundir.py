@@ -127,6 +127,7 @@ def test_changed_config_on_resume_is_refused_unless_forced(tmp_path):
 # --- the lock -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the session's Prefect server: ~20 s to start, kept out of `-m "not slow"`
 def test_second_run_on_a_directory_in_use_is_refused(tmp_path, capsys, prefect_harness):
     data = mini_config(tmp_path)
     run_dir = tmp_path / "runs" / NAME
