@@ -11,7 +11,8 @@ then retries against a dead server for a minute. Exiting then loses nothing a re
 are whole or absent, and the manifest records a phase only once it is whole.
 
 A watchdog thread sees every signal through `signal.set_wakeup_fd`, whichever Python handler takes it
-(ours, or Prefect's inside a flow).
+(ours, or Prefect's inside a flow), and sets `pipeline.rundir.STOP`: where library code swallowed the signal's
+exception, the run stops at the next phase boundary, the phase that ran not recorded.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import signal
 import subprocess
 import sys
 import threading
+
+from pipeline.rundir import STOP
 
 GRACE_S = 20.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -79,6 +82,7 @@ class Stopper:
                 return
             if stops := [b for b in data if b in STOP_SIGNALS]:
                 self.signum = self.signum or stops[0]
+                STOP.set()
                 print(f"igrpo: {signal.Signals(stops[0]).name}: stopping (the run resumes where it stopped); "
                       "a second signal exits at once", file=sys.stderr, flush=True)
                 if not self._done.wait(self.grace_s):
@@ -101,6 +105,7 @@ def stop_on_signals(grace_s: float = GRACE_S):
         yield None
         return
     stopper = Stopper(grace_s)
+    STOP.clear()
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -112,6 +117,7 @@ def stop_on_signals(grace_s: float = GRACE_S):
         yield stopper
     finally:
         stopper._done.set()
+        STOP.clear()
         for s, h in old_handlers.items():
             signal.signal(s, h)
         sys.unraisablehook = stopper.previous_hook

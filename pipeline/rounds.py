@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pipeline import tracking
 from pipeline.config import PipelineConfig, resumed_config_diff
 from pipeline.problems import problem_set_from_config
-from pipeline.rundir import Manifest, RunDir, RunDirError, phase_key, read_json, refuse_if_locked
+from pipeline.rundir import Manifest, RunDir, RunDirError, phase_key, read_json, refuse_if_locked, stop_if_told
 
 log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
 
@@ -240,6 +240,7 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
     if manifest.done(round_index, name):
         log.info("round %d  %-13s done before: skipped", round_index, name)
         return PhaseResult.from_manifest(manifest.output(round_index, name))
+    stop_if_told()
     phase = PHASES[name]
     runs = phase_runs(manifest, cfg, round_index, phase)
     start = time.monotonic()
@@ -252,6 +253,7 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
             result = launch_phase(cfg, name, kwargs, RunDir(cfg.run_dir).launch(round_index, name), runs)
         else:
             result = execute(cfg, name, runs, kwargs)
+        stop_if_told()  # told to stop while it ran, and it finished all the same: not recorded, a resume redoes it
         if phase.registers:
             result = dataclasses.replace(result, versions=_register(cfg, runs, round_index, phase.registers(cfg, result)))
         tracking.log_metrics(runs.run_id, result.metrics)

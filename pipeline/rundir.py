@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +233,17 @@ class Manifest:
 
 
 # -------------------------------------------------------------------------------------------------- lock
+
+# Set by flows.signals when a stop signal comes. The signal's exception unwinds the run, but library code on the
+# way can swallow it (seen: a SIGTERM in collection, and the run went on to finish): phases check this too.
+STOP = threading.Event()
+
+
+def stop_if_told() -> None:
+    """KeyboardInterrupt once a stop signal has come (`STOP`): between phases, and before a phase is recorded."""
+    if STOP.is_set():
+        raise KeyboardInterrupt("a stop signal came and its exception was swallowed on the way")
+
 
 
 def _pid_alive(pid: int) -> bool:

@@ -68,6 +68,31 @@ def tiny_dirs(tiny_policy_dir):
     return root
 
 
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_schema_once(tmp_path_factory):
+    """MLflow builds a new sqlite store's schema by running its ~100 migrations, 2-4 s a store on 2 cores, and the
+    suite makes a store per test: build it once, and give each new store (in this process) a copy of its tables,
+    by sqlite's backup API. The store then adds its Default experiment itself, as on a fresh one."""
+    import sqlite3
+
+    import mlflow.store.db.utils as db_utils
+    import sqlalchemy
+
+    template = tmp_path_factory.mktemp("mlflow-schema") / "schema.db"
+    build = db_utils._initialize_tables
+    build(sqlalchemy.create_engine(f"sqlite:///{template}"))
+
+    def from_template(engine):
+        if engine.dialect.name != "sqlite" or not engine.url.database:  # another backend, or in memory
+            return build(engine)
+        with engine.connect() as conn, sqlite3.connect(template) as source:
+            source.backup(conn.connection.driver_connection)
+
+    db_utils._initialize_tables = from_template
+    yield
+    db_utils._initialize_tables = build
+
+
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory):
     """One ephemeral Prefect server for the whole session (it costs seconds to start)."""

@@ -30,10 +30,12 @@ def user_env(tmp_path: Path) -> dict:
     return {**env, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PYTHONPATH": str(ROOT)}
 
 
-def igrpo(tmp_path: Path, *args: str, code: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m flows.cli ARGS` (or `code`, which ends by calling `main()`), stdout and stderr together."""
+def igrpo(tmp_path: Path, *args: str, code: str | None = None, timeout: float = 600,
+          env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m flows.cli ARGS` (or `code`, which ends by calling `main()`), stdout and stderr together;
+    `env` adds to the user's environment."""
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "flows.cli", *args]
-    proc = subprocess.run(cmd, env=user_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
+    proc = subprocess.run(cmd, env={**user_env(tmp_path), **(env or {})}, cwd=tmp_path, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout, start_new_session=True)
     return proc
 
@@ -50,7 +52,7 @@ def assert_quiet(output: str) -> None:
 @pytest.mark.slow
 def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(tmp_path):
     config = tmp_path / "mini.yaml"
-    config.write_text(yaml.safe_dump(mini_config(tmp_path)))
+    config.write_text(yaml.safe_dump(mini_config(tmp_path, run={"rounds": 1})))
     proc = igrpo(tmp_path, "run", str(config))
     output = proc.stdout
     assert proc.returncode == 0, output[-6000:]
@@ -59,29 +61,32 @@ def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(tmp_path):
     assert "MC rollouts:" in output and "eval samples:" in output and "it/s]" in output
     # One line per finished phase, in Algorithm 1's order, each with its key figures.
     lines = PHASE_LINE.findall(output)
-    assert [(int(r), p) for r, p, _ in lines] == [(r, p) for r in range(3) for p in ("policy", "collect",
+    assert [(int(r), p) for r, p, _ in lines] == [(r, p) for r in range(2) for p in ("policy", "collect",
                                                                                       "reward_model", "eval")]
     figures = {(int(r), p): f for r, p, f in lines}
     assert figures[0, "policy"].startswith("sft/train_loss ")
     assert figures[1, "policy"].startswith("policy/reward_start ") and "policy/reward_end " in figures[1, "policy"]
-    assert figures[2, "collect"].startswith("collect/samples 12  collect/verifier_accuracy ")
+    assert figures[1, "collect"].startswith("collect/samples 12  collect/verifier_accuracy ")
     assert figures[0, "reward_model"].startswith("prm/step_auc_mc ") and "orm/auc " in figures[0, "reward_model"]
     assert re.fullmatch(r"eval/greedy [\d.]+  eval/pass@1 [\d.]+  eval/maj@4 [\d.]+  eval/pass@4 [\d.]+",
-                        figures[2, "eval"])
+                        figures[1, "eval"])
     # The final tables: a row per round; best-of-N, a row per round and N; then where the run and its MLflow runs are.
     table = output[output.index("run                      round"):].splitlines()
     assert table[0].split() == ["run", "round", "greedy", "pass@1", "maj@1", "pass@2", "maj@2", "pass@4", "maj@4"]
-    assert [row.split()[:2] for row in table[1:4]] == [["mini", "0"], ["mini", "1"], ["mini", "2"]]
-    assert table[4] == "" and table[5].startswith("best-of-N among the first N samples")
-    assert table[6].split() == ["run", "round", "N", "orm", "orm_vote", "prm", "prm_vote", "majority", "random"]
-    assert [row.split()[:3] for row in table[7:13]] == [["mini", str(r), str(n)] for r in range(3) for n in (2, 4)]
-    assert table[13].startswith(f"run directory: {tmp_path / 'runs' / 'mini'}")
-    assert table[14].startswith("MLflow: parent run ") and "experiment 'mini'" in table[14]
+    assert [row.split()[:2] for row in table[1:3]] == [["mini", "0"], ["mini", "1"]]
+    assert table[3] == "" and table[4].startswith("best-of-N among the first N samples")
+    assert table[5].split() == ["run", "round", "N", "orm", "orm_vote", "prm", "prm_vote", "majority", "random"]
+    assert [row.split()[:3] for row in table[6:10]] == [["mini", str(r), str(n)] for r in range(2) for n in (2, 4)]
+    assert table[10].startswith(f"run directory: {tmp_path / 'runs' / 'mini'}")
+    assert table[11].startswith("MLflow: parent run ") and "experiment 'mini'" in table[11]
 
 
 @pytest.mark.slow
-def test_a_failing_phase_still_shows_its_error(tmp_path):
-    """The quieting must not hide a real error: a phase that raises prints it (and where), the run stops."""
+def test_a_failing_phase_still_shows_its_error(tmp_path, prefect_harness):
+    """The quieting must not hide a real error: a phase that raises prints it (and where), the run stops. On the
+    session's Prefect server (the test above starts the run's own)."""
+    from prefect.settings import PREFECT_API_URL
+
     config = tmp_path / "mini.yaml"
     config.write_text(yaml.safe_dump(mini_config(tmp_path)))
     fail_in_bootstrap = (
@@ -93,7 +98,7 @@ def test_a_failing_phase_still_shows_its_error(tmp_path):
         "sys.argv[0] = 'igrpo'\n"
         "sys.exit(main())\n"
     )
-    proc = igrpo(tmp_path, "run", str(config), code=fail_in_bootstrap)
+    proc = igrpo(tmp_path, "run", str(config), code=fail_in_bootstrap, env={"PREFECT_API_URL": PREFECT_API_URL.value()})
     assert proc.returncode == 1, proc.stdout[-6000:]
     assert "RuntimeError: the disk caught fire" in proc.stdout
     assert "Traceback" in proc.stdout and "in broken" in proc.stdout  # where it was raised
