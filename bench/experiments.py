@@ -598,9 +598,9 @@ def main() -> None:
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's, ./mlflow.db; smoke: in the runs dir)")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
     a = ap.parse_args()
-    from flows.console import _prefect_defaults
+    from flows.console import prefect_defaults
 
-    _prefect_defaults()  # igrpo run's Prefect defaults where the user set none: analytics off (no `database is locked`)
+    prefect_defaults()  # igrpo run's Prefect defaults where the user set none: analytics off (no `database is locked`)
     a.seeds = a.seeds or ([0] if a.smoke else [0, 1, 2])
     a.rounds = a.rounds or (1 if a.smoke else 2)
     a.runs_dir = a.runs_dir or ("runs/experiments-smoke" if a.smoke else "runs/experiments")

@@ -31,7 +31,7 @@ _TRL_DEPRECATED_CALLS = r"`(is_gradient_checkpointing|gradient_checkpointing_ena
 
 def quiet() -> None:
     """Set the console up for `igrpo`: our phase lines on, avoidable third-party noise off (see the module doc)."""
-    _prefect_defaults()
+    prefect_defaults()
     warnings.filterwarnings("ignore", message=_TRL_DEPRECATED_CALLS, category=FutureWarning)
     if "MLFLOW_LOGGING_LEVEL" not in os.environ:
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
@@ -39,7 +39,8 @@ def quiet() -> None:
     _phase_lines_on()
 
 
-def _prefect_defaults() -> None:
+def prefect_defaults() -> None:
+    """igrpo's Prefect settings, each only where the user set none (environment, .env, prefect.toml, profile)."""
     from prefect.settings import Settings
 
     settings = Settings()  # environment, .env, prefect.toml and the active profile: what the user has set

@@ -232,7 +232,7 @@ class Manifest:
         self.save()
 
 
-# -------------------------------------------------------------------------------------------------- lock
+# ---------------------------------------------------------------------------------------------- stopping
 
 # Set by flows.signals when a stop signal comes. The signal's exception unwinds the run, but library code on the
 # way can swallow it (seen: a SIGTERM in collection, and the run went on to finish): phases check this too.
@@ -244,6 +244,8 @@ def stop_if_told() -> None:
     if STOP.is_set():
         raise KeyboardInterrupt("a stop signal came and its exception was swallowed on the way")
 
+
+# -------------------------------------------------------------------------------------------------- lock
 
 
 def _pid_alive(pid: int) -> bool:

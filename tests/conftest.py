@@ -78,13 +78,19 @@ def mlflow_schema_once(tmp_path_factory):
     import mlflow.store.db.utils as db_utils
     import sqlalchemy
 
-    template = tmp_path_factory.mktemp("mlflow-schema") / "schema.db"
     build = db_utils._initialize_tables
-    build(sqlalchemy.create_engine(f"sqlite:///{template}"))
+    template = None  # built by the first store that needs it: a run of tests that make none pays nothing
 
     def from_template(engine):
+        nonlocal template
         if engine.dialect.name != "sqlite" or not engine.url.database:  # another backend, or in memory
             return build(engine)
+        if template is None:
+            path = tmp_path_factory.mktemp("mlflow-schema") / "schema.db"
+            schema = sqlalchemy.create_engine(f"sqlite:///{path}")
+            build(schema)
+            schema.dispose()
+            template = path
         with engine.connect() as conn, sqlite3.connect(template) as source:
             source.backup(conn.connection.driver_connection)
 

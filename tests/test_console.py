@@ -154,13 +154,13 @@ def test_a_phase_done_before_is_one_skip_line(tmp_path, caplog):
 
 PREFECT_DEFAULTS = """
 import os, sys
-from flows.console import _prefect_defaults
+from flows.console import prefect_defaults
 from prefect.settings import get_current_settings
 case = sys.argv[1]
 if case == "profile":
     open(os.environ["PREFECT_PROFILES_PATH"], "w").write(
         'active = "mine"\\n[profiles.mine]\\nPREFECT_SERVER_ANALYTICS_ENABLED = "true"\\n')
-_prefect_defaults()
+prefect_defaults()
 print(os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED"), get_current_settings().server.analytics_enabled,
       os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"))
 """

@@ -191,7 +191,7 @@ def test_a_signal_right_after_a_phase_run_is_created_still_ends_it_killed(tmp_pa
     manifest records that had not finished ends KILLED, none is left RUNNING."""
     from pipeline import rounds, tracking
 
-    cfg = config_from_dict(mini_config(tmp_path, tracking={"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}))
+    cfg = config_from_dict(mini_config(tmp_path))
     rounds.open_run(cfg)
     if where == "reopen":
         real = tracking.reopen
@@ -232,7 +232,7 @@ def test_a_signal_whose_exception_is_swallowed_stops_the_run_at_the_phase_end(tm
     from pipeline import rounds
     from pipeline.rundir import STOP
 
-    cfg = config_from_dict(mini_config(tmp_path, tracking={"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}))
+    cfg = config_from_dict(mini_config(tmp_path))
     real = rounds.execute
 
     def swallowing(cfg, name, runs, kwargs):
