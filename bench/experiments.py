@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -613,6 +614,22 @@ def main() -> None:
     # The command that made the runs: a rebuilt report names that one, not --report-only.
     command = " ".join(["python bench/experiments.py", *(x for x in sys.argv[1:] if x != "--report-only")])
 
+    from flows.signals import stop_on_signals
+
+    # igrpo run's stop handling: a SIGTERM or Ctrl-C ends the arm as `igrpo run` would (resumable), and the exit
+    # unwinds, so Prefect's ephemeral server stops with us instead of outliving the command.
+    with stop_on_signals() as stopper:
+        try:
+            run_all(a, command)
+        except BaseException as e:
+            if (code := stopper.exit_code(e) if stopper else None) is None:
+                raise
+            print(f"experiments: stopped by {signal.Signals(code - 128).name}; the same command resumes",
+                  file=sys.stderr)
+            sys.exit(code)
+
+
+def run_all(a: argparse.Namespace, command: str) -> None:
     start = time.perf_counter()
     ex = Experiments(a)
     wanted = a.only or [*ARMS, "mc"]
