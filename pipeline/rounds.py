@@ -412,6 +412,7 @@ def _ending_recorded(cfg: PipelineConfig):
     try:
         yield
     except BaseException as e:
+        tracking.release_interrupted(e)
         with contextlib.suppress(Exception):  # the store may be gone too: the exception matters more
             end_running(cfg, tracking.end_status(e))
         raise

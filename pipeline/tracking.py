@@ -13,7 +13,9 @@ picks its view from its own GenAI / Model training switch instead: README, Track
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -233,10 +235,32 @@ def ending(*run_ids: str | None):
     try:
         yield
     except BaseException as e:
+        release_interrupted(e)
         for run_id in filter(None, run_ids):
             with contextlib.suppress(Exception):  # the store may be gone too: the exception matters more
                 finish(run_id, end_status(e))
         raise
+
+
+def release_interrupted(error: BaseException) -> None:
+    """Free what the code a stop signal (`error`, not an Exception) interrupted still holds, before the store
+    is written to again.
+
+    A signal that lands in an MLflow read of a SQLite store leaves that read's cursor alive in the exception's
+    traceback; SQLAlchemy closes the connection, but SQLite keeps the cursor's shared lock until the cursor
+    goes, and every write (ending the runs KILLED) waits MLflow's 20 s busy timeout, then fails. The frames the
+    exception unwound are finished with: clear them (the ones still running are left alone) and collect, once
+    per exception (a collection costs ~0.3 s, and each `ending` on the way out sees the same exception).
+    """
+    if isinstance(error, Exception) or getattr(error, "_igrpo_released", False):
+        return
+    error._igrpo_released = True
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+    gc.collect()
 
 
 def run_status(run_id: str) -> str | None:

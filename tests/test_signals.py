@@ -102,6 +102,38 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     assert "a second signal" in proc.stderr.read()
 
 
+def _terminated():
+    from prefect.exceptions import TerminationSignal
+
+    return TerminationSignal(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, _terminated], ids=["SIGINT", "SIGTERM-in-a-flow"])
+def test_a_signal_inside_an_mlflow_read_still_ends_the_run_killed(mlflow_tmp, monkeypatch, stop):
+    """Seen in the RM phase: the signal landed in `mlflow.start_run`'s read of the run, just after SQLite had
+    stepped the cursor. The cursor lived on in the exception's traceback with SQLite's shared lock, so ending the
+    run KILLED waited MLflow's 20 s busy timeout, failed, and the run was left RUNNING (the stop's grace ran out
+    too)."""
+    from sqlalchemy.engine.default import DefaultDialect
+
+    from pipeline import tracking
+
+    client = MlflowClient()
+    run_id = client.create_run(client.create_experiment("stop")).info.run_id
+    real, error = DefaultDialect.do_execute, stop()
+
+    def interrupted(self, cursor, statement, parameters, context=None):
+        real(self, cursor, statement, parameters, context)
+        if statement.lstrip().upper().startswith("SELECT") and "FROM runs" in statement:
+            monkeypatch.setattr(DefaultDialect, "do_execute", real)
+            raise error  # where a signal handler raises: between two bytecodes, the cursor stepped
+
+    monkeypatch.setattr(DefaultDialect, "do_execute", interrupted)
+    with pytest.raises(type(error)), tracking.ending(run_id):
+        client.get_run(run_id)
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
 # ---------------------------------------------------------------------------------------------- a real run
 
 # Where each stop lands, in run order: (round, phase, signal, to the whole process group, seconds after the
