@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from datasets import Dataset
 from trl import GRPOTrainer
 
 from models import save_model
-from models.factories import kind_name, load_tokenizer, lora_config
+from models.factories import kind_name, load_tokenizer, lora_config, scratch_dir, train_in_scratch
 from pipeline.advantages import (
     advantage_stats,
     extend_last_step,
@@ -288,9 +287,7 @@ def run_policy_phase(
 
     peft_config = policy_peft_config(cfg)
 
-    # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.
-    scratch = Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
-    args = grpo_config(cfg, str(scratch), reward_weights=weights, report_to=report_to,
+    args = grpo_config(cfg, str(scratch_dir(out_dir)), reward_weights=weights, report_to=report_to,
                        seed=cfg.run.seed + round_index, run_name=f"grpo-round-{round_index}")
     trainer = ProcessGRPOTrainer(
         model=str(policy_path), reward_funcs=funcs, args=args, train_dataset=data,
@@ -300,10 +297,7 @@ def run_policy_phase(
     )
     for scorer in scorers.values():  # on this process's device (its own GPU under accelerate launch)
         scorer.model.to(trainer.accelerator.device)
-    try:
-        trainer.train()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    train_in_scratch(trainer)
     save_model(trainer.model, tokenizer, out_dir)
     return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import random
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from models import load_reward_model, reward_model_from_policy, save_model
-from models.factories import apply_lora
+from models.factories import apply_lora, scratch_dir, train_in_scratch
 from pipeline.config import PipelineConfig, RewardModelConfig, checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
 from pipeline.rundir import RunDir, calibration_path, read_json, write_json_atomic
@@ -398,8 +397,7 @@ def train_reward_model(
         model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, spec.lora_task_type)
     defaults = {"report_to": report_to, "save_strategy": "no", "seed": cfg.run.seed, "remove_unused_columns": False,
                 "run_name": f"{kind}-training", **device_defaults()}
-    # A stable scratch dir (not a random temp name): a resumed phase logs the same params to MLflow.
-    scratch = Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
+    scratch = scratch_dir(out_dir)
     if spec.pairwise(cfg.reward_model):
         from trl import RewardConfig, RewardTrainer
 
@@ -413,10 +411,7 @@ def train_reward_model(
             model=model, args=args, train_dataset=Dataset.from_list(examples),
             data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
         )
-    try:
-        trainer.train()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    train_in_scratch(trainer)
     return save_model(trainer.model, tokenizer, out_dir)
 
 
