@@ -15,7 +15,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -301,30 +300,6 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
             _write_checkpoint(model, tokenizer, Path(path))
     dist.barrier()
     return Path(path)
-
-
-def scratch_dir(out_dir: str | os.PathLike) -> Path:
-    """The output_dir of a Trainer whose model goes to `out_dir`: hidden beside it, and stable rather than a random
-    temp name, so that a resumed phase logs the same params to MLflow. `train_in_scratch` removes it."""
-    return Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
-
-
-def train_in_scratch(trainer) -> None:
-    """`trainer.train()`, then its output_dir (`scratch_dir`) removed.
-
-    Under several processes they share that directory: the first to finish removed it while another's Trainer
-    still listed its checkpoints there (FileNotFoundError in `_finalize_training`), so all of them finish first
-    and process 0 removes it. A failed training removes it at once (its peers fail in their next collective).
-    """
-    scratch = trainer.args.output_dir
-    try:
-        trainer.train()
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    trainer.accelerator.wait_for_everyone()
-    if trainer.accelerator.is_main_process:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from datasets import Dataset
 from trl import GRPOTrainer
 
 from models import save_model
-from models.factories import kind_name, load_tokenizer, lora_config, scratch_dir, train_in_scratch
+from models.factories import kind_name, load_tokenizer, lora_config
 from pipeline.advantages import (
     advantage_stats,
     extend_last_step,
@@ -38,6 +38,7 @@ from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_spec
+from pipeline.rundir import scratch_dir, train_in_scratch
 from pipeline.scorers import GoldStepScorer, PrmScorer
 from pipeline.steps import step_token_ends, token_spans
 

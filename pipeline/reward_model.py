@@ -27,10 +27,10 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from models import load_reward_model, reward_model_from_policy, save_model
-from models.factories import apply_lora, scratch_dir, train_in_scratch
+from models.factories import apply_lora
 from pipeline.config import PipelineConfig, RewardModelConfig, checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
-from pipeline.rundir import RunDir, calibration_path, read_json, write_json_atomic
+from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, train_in_scratch, write_json_atomic
 from pipeline.scorers import OrmScorer, PrmScorer, Scores, aggregate
 from pipeline.steps import step_char_ends, step_token_ends
 

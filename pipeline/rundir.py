@@ -12,6 +12,7 @@ runs/<name>/round-XXX/reward_model/<kind>/calibration.json   the RM on its held-
 runs/<name>/round-XXX/eval.json        greedy, Pass@K, Maj@K, best-of-N, the hacking monitor
 runs/<name>/round-XXX/pass_maj.png
 runs/<name>/round-XXX/.launch-<phase>/ request, result and log of a phase under `accelerate launch`
+runs/<name>/round-XXX/.trainer-<out>/  a trainer's output_dir while it trains (removed after)
 ```
 
 Every write goes through `atomic_path`: a temp file (or directory) beside the target, renamed over it,
@@ -30,7 +31,10 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import Trainer
 
 SHARD_NAME = "samples.parquet"
 CALIBRATION_NAME = "calibration.json"  # inside an RM checkpoint: it travels with it (frozen reuse, MLflow registry)
@@ -117,6 +121,30 @@ def round_of(path: str | os.PathLike) -> int | None:
     """The round of a `round-XXX` directory name, or None for any other name."""
     m = _ROUND_DIR.fullmatch(Path(path).name)
     return int(m.group(1)) if m else None
+
+
+def scratch_dir(out_dir: str | os.PathLike) -> Path:
+    """The output_dir of a Trainer whose model goes to `out_dir`: hidden beside it, and stable rather than a random
+    temp name, so that a resumed phase logs the same params to MLflow. `train_in_scratch` removes it."""
+    return Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
+
+
+def train_in_scratch(trainer: Trainer) -> None:
+    """`trainer.train()`, then its output_dir (`scratch_dir`) removed.
+
+    Under several processes they share that directory: the first to finish removed it while another's Trainer
+    still listed its checkpoints there (FileNotFoundError in `_finalize_training`), so all of them finish first
+    and process 0 removes it. A failed training removes it at once (its peers fail in their next collective).
+    """
+    scratch = trainer.args.output_dir
+    try:
+        trainer.train()
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass(frozen=True)

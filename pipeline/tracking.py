@@ -254,12 +254,16 @@ def release_interrupted(error: BaseException) -> None:
     """
     if isinstance(error, Exception) or getattr(error, "_igrpo_released", False):
         return
-    error._igrpo_released = True
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        traceback.clear_frames(error.__traceback__)
-        error = error.__cause__ or error.__context__
+    with contextlib.suppress(AttributeError):  # a frozen exception: collected again by the next `ending`
+        error._igrpo_released = True
+    pending, seen = [error], set()
+    while pending:  # the exception, what it was raised from or during, an exception group's members
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        pending += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
     gc.collect()
 
 
