@@ -19,7 +19,11 @@ only from round 1 on.
   mc        collection only: MC step labels' agreement with the gold labels against N, hard and soft
 
 Then `docs/results.md` (tables: mean ± sample std over seeds, per-seed values at the end) and PNG plots
-in `docs/img/`, the command and its wall time. Run from the repository root:
+in `docs/img/`, the command and its wall time. Each finished unit's figures (every round's metrics, its wall time,
+the commit it ran from) are also kept in `docs/experiments/<unit>.json`, committed with the report: a unit with
+its figures there is done, so the comparisons can be run in parts on machines that do not keep `runs/` (a seed's
+SFT bootstrap is retrained where an arm of it still has to run), and `--report-only` rebuilds the report in a
+fresh clone. Run from the repository root:
 
   python bench/experiments.py                   # everything: 124 min on 2 idle cores (measured)
   python bench/experiments.py --smoke           # mini budgets, 1 seed, 1 round, ~2 min (runs/experiments-smoke)
@@ -30,10 +34,12 @@ in `docs/img/`, the command and its wall time. Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -108,9 +114,34 @@ class Experiments:
     """The runs directory, the shared settings, and a status file of finished units and their wall times."""
 
     def __init__(self, a: argparse.Namespace):
-        self.a, self.runs_dir = a, Path(a.runs_dir)
+        self.a, self.runs_dir, self.figures = a, Path(a.runs_dir), Path(a.figures)
         self.status_path = self.runs_dir / "experiments.json"
         self.status = read_json(self.status_path) if self.status_path.exists() else {"units": {}}
+
+    def recorded(self, name: str) -> dict | None:
+        """A unit's kept figures (`record`), or None."""
+        path = self.figures / f"{name}.json"
+        return read_json(path) if path.exists() else None
+
+    def record(self, name: str, figures: dict) -> None:
+        """Keep a finished unit's figures beside the report, with its wall time and the commit it ran from."""
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+        write_json_atomic(self.figures / f"{name}.json", {
+            "unit": name, "commit": commit, "date": time.strftime("%Y-%m-%d"),
+            "seconds": self.status["units"][name]["seconds"], **figures})
+
+    def units(self) -> dict[str, dict]:
+        """Every unit's status and wall time: this runs directory's, and those kept in the figures."""
+        kept = {p.stem: {"status": "done", "seconds": read_json(p)["seconds"]} for p in self.figures.glob("*.json")}
+        return {**kept, **self.status["units"]}
+
+    def commits(self) -> dict[str, int]:
+        """The commits the kept figures ran from, with how many units each."""
+        return dict(collections.Counter(read_json(p)["commit"] for p in sorted(self.figures.glob("*.json"))))
+
+    def pending(self, name: str) -> bool:
+        return self.recorded(name) is None and self.status["units"].get(name, {}).get("status") != "done"
 
     def base(self, seed: int) -> list[str]:
         return (SMOKE if self.a.smoke else []) + [f"run.seed={seed}", f"run.runs_dir={self.runs_dir}",
@@ -129,10 +160,11 @@ class Experiments:
     def sft_path(self, seed: int) -> Path:
         return self.runs_dir / f"sft-s{seed}" / "policy"
 
-    def unit(self, name: str, func) -> None:
-        """Run one unit unless done; add up its wall time over invocations; on failure, report it and go on."""
+    def unit(self, name: str, func, again: bool = False) -> None:
+        """Run one unit unless done (or `again`); add up its wall time over invocations; on failure, report it and
+        go on."""
         old = self.status["units"].get(name, {})
-        if old.get("status") == "done":
+        if not (again or self.pending(name)):
             return
         print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
         start = time.perf_counter()
@@ -145,7 +177,17 @@ class Experiments:
         seconds = time.perf_counter() - start
         self.status["units"][name] = {"status": status, "seconds": old.get("seconds", 0.0) + seconds}
         write_json_atomic(self.status_path, self.status)
+        if status == "done":
+            self.record(name, self.figures_of(name))
         print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {seconds / 60:.1f} min", flush=True)
+
+    def figures_of(self, name: str) -> dict:
+        """What the report reads of a finished unit: an arm's metrics by round, the MC result, SFT's metrics."""
+        if name.startswith("mc-s"):
+            return read_json(self.runs_dir / f"{name}.json")
+        if name.startswith("sft-s"):
+            return {"metrics": read_json(self.runs_dir / name / "metrics.json")}
+        return {"rounds": rounds_of(self.runs_dir / name)}
 
     # --- units -----------------------------------------------------------------------------------
 
@@ -155,6 +197,12 @@ class Experiments:
 
         cfg = self.config(seed, [f"run.name=sft-s{seed}"])
         res = run_bootstrap(cfg, self.sft_path(seed))
+        write_json_atomic(self.runs_dir / f"sft-s{seed}" / "metrics.json", res.metrics)
+        kept = (self.recorded(f"sft-s{seed}") or {}).get("metrics", {}).get("sft/train_loss")
+        if kept is not None and kept != res.metrics["sft/train_loss"]:  # the arms of this seed start elsewhere
+            print(f"experiments: sft-s{seed} retrained to train loss {res.metrics['sft/train_loss']!r}, not the kept "
+                  f"figures' {kept!r}: this seed's new arms start from another policy than its kept ones",
+                  file=sys.stderr)
         exp = tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
         run = tracking.create_run(exp, f"sft-s{seed}", tags={"arm": "sft", "seed": str(seed)})
         tracking.log_metrics(run, res.metrics)
@@ -217,20 +265,23 @@ def mc_label_agreement(cfg, policy_path: Path, prompts: int, samples: int, ns, s
 # --- report --------------------------------------------------------------------------------------
 
 
-def gather(runs_dir: Path, seeds: list[int]) -> dict:
-    """arm -> seed -> round -> every metric the pipeline recorded (eval, reward_model, collect, policy)."""
+def rounds_of(run_dir: Path) -> dict[int, dict]:
+    """round -> every metric the pipeline recorded in it (eval, reward_model, collect, policy), evaluated rounds."""
+    rounds: dict[int, dict] = {}
+    for key, out in Manifest.load(run_dir).data["phases"].items():
+        rounds.setdefault(round_of(key.split("/")[0]), {}).update(out.get("metrics", {}))
+    return {r: m for r, m in sorted(rounds.items()) if "eval/greedy" in m}
+
+
+def gather(ex: Experiments, seeds: list[int]) -> dict:
+    """arm -> seed -> `rounds_of` its run: the kept figures of a finished arm, else its run directory's so far."""
     data: dict = {}
     for arm in ARMS:
         for seed in seeds:
-            try:
-                phases = Manifest.load(runs_dir / f"{arm}-s{seed}").data["phases"]
-            except FileNotFoundError:
-                continue
-            rounds: dict[int, dict] = {}
-            for key, out in phases.items():
-                r = round_of(key.split("/")[0])
-                rounds.setdefault(r, {}).update(out.get("metrics", {}))
-            data.setdefault(arm, {})[seed] = {r: m for r, m in rounds.items() if "eval/greedy" in m}
+            if kept := ex.recorded(f"{arm}-s{seed}"):
+                data.setdefault(arm, {})[seed] = {int(r): m for r, m in kept["rounds"].items()}
+            elif (ex.runs_dir / f"{arm}-s{seed}" / "manifest.json").exists():
+                data.setdefault(arm, {})[seed] = rounds_of(ex.runs_dir / f"{arm}-s{seed}")
     return data
 
 
@@ -310,12 +361,12 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
     a, seeds = ex.a, ex.a.seeds
     out = Path(a.out)
     img = out / "img"
-    data = gather(ex.runs_dir, seeds)
+    data = gather(ex, seeds)
     last = a.rounds
     rounds = list(range(last + 1))
     cfg = ex.arm_config("prm", seeds[0])
     g, c, e = cfg.grpo, cfg.collect, cfg.eval
-    units = ex.status["units"]
+    units = ex.units()
     failed = sorted(k for k, v in units.items() if v["status"] == "failed")
     total = sum(v["seconds"] for v in units.values())
     md = [
@@ -327,6 +378,9 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
         f"{os.cpu_count()} CPU cores. Seeds {seeds}; each seed also draws the problem set. "
         f"MLflow experiment `{a.experiment}` (a parent run per arm and seed, `<arm>-s<seed>`; `sft-s<seed>`, "
         "`mc-labels-s<seed>`; the report and plots as artifacts of a `summary` run).",
+        "",
+        f"Each unit's figures: `{ex.figures.as_posix()}/<unit>.json`; they ran from "
+        + (", ".join(f"`{c}` ({n} units)" for c, n in ex.commits().items()) or "no commit yet (none kept)") + ".",
         "",
         f"Budgets (configs/quickstart.yaml unless listed): {last} RL round(s) after round 0 for every arm; per round "
         f"GRPO {g.get('max_steps')} steps of {g.get('per_device_train_batch_size')} completions "
@@ -428,7 +482,7 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
            "", "![Maj@K and Pass@K against K](img/pass_maj.png)", "", PLACEHOLDER]
 
     # 4. MC label agreement against N.
-    mc = [read_json(p) for s in seeds if (p := ex.runs_dir / f"mc-s{s}.json").exists()]
+    mc = [m for s in seeds if (m := ex.recorded(f"mc-s{s}"))]
     rows = [[str(n), fmt([m["by_n"][str(n)]["he"] for m in mc], len(seeds)),
              fmt([m["by_n"][str(n)]["se"] for m in mc], len(seeds)),
              fmt([m["by_n"][str(n)]["rollouts_per_sample"] for m in mc], len(seeds))] for n in MC_NS]
@@ -596,6 +650,8 @@ def main() -> None:
     ap.add_argument("--mc-prompts", type=int, default=64, help="prompts of the MC-label experiment (8 samples each)")
     ap.add_argument("--runs-dir", help="default: runs/experiments (smoke: runs/experiments-smoke)")
     ap.add_argument("--out", help="where results.md and img/ go (default: docs; smoke: the runs dir)")
+    ap.add_argument("--figures", help="where each finished unit's figures are kept (default: docs/experiments; "
+                    "smoke: figures/ in the runs dir)")
     ap.add_argument("--experiment", help=f"MLflow experiment (default {EXPERIMENT}; smoke: {EXPERIMENT}-smoke)")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's, ./mlflow.db; smoke: in the runs dir)")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
@@ -607,6 +663,7 @@ def main() -> None:
     a.rounds = a.rounds or (1 if a.smoke else 2)
     a.runs_dir = a.runs_dir or ("runs/experiments-smoke" if a.smoke else "runs/experiments")
     a.out = a.out or (a.runs_dir if a.smoke else "docs")
+    a.figures = a.figures or (str(Path(a.runs_dir) / "figures") if a.smoke else str(Path(a.out) / "experiments"))
     a.experiment = a.experiment or (f"{EXPERIMENT}-smoke" if a.smoke else EXPERIMENT)
     if a.smoke and not a.tracking_uri:
         a.tracking_uri = f"sqlite:///{Path(a.runs_dir).resolve() / 'mlflow.db'}"
@@ -636,15 +693,18 @@ def run_all(a: argparse.Namespace, command: str) -> None:
     if not a.report_only:
         # Seed by seed, so an interrupted command still has whole comparisons for the seeds it finished.
         for seed in a.seeds:
-            ex.unit(f"sft-s{seed}", lambda s=seed: ex.sft(s))
-            if ex.status["units"][f"sft-s{seed}"]["status"] != "done":
+            # The hybrid grid is chosen on the first seed: on the others only the chosen arm, asked for by name.
+            arms = [x for x in ARMS if x in wanted
+                    and (x not in HYBRID_ARMS or seed == a.seeds[0] or x in (a.only or []))]
+            todo = [u for u in (["mc"] if "mc" in wanted else []) + arms if ex.pending(f"{u}-s{seed}")]
+            if not todo:
                 continue
-            if "mc" in wanted:
-                ex.unit(f"mc-s{seed}", lambda s=seed: ex.mc(s))
-            for arm in (x for x in ARMS if x in wanted):
-                if arm in HYBRID_ARMS and seed != a.seeds[0] and arm not in (a.only or []):
-                    continue  # the grid is chosen on the first seed; only the chosen arm is asked for by name
-                ex.unit(f"{arm}-s{seed}", lambda x=arm, s=seed: ex.arm(x, s))
+            if not ex.sft_path(seed).exists():  # the first time, or its figures kept from another machine's runs
+                ex.unit(f"sft-s{seed}", lambda s=seed: ex.sft(s), again=True)
+            if not ex.sft_path(seed).exists():
+                continue
+            for u in todo:
+                ex.unit(f"{u}-s{seed}", lambda x=u, s=seed: ex.mc(s) if x == "mc" else ex.arm(x, s))
             report(ex, command, time.perf_counter() - start, log=False)
     path = report(ex, command, None if a.report_only else time.perf_counter() - start)
     print(f"report: {path} ({(time.perf_counter() - start) / 60:.1f} min)")

@@ -38,24 +38,31 @@ def test_rebuilt_report_keeps_each_sections_verdict_in_its_own_section(tmp_path)
     assert ex.keep_verdicts(fresh, tmp_path / "missing.md") == fresh
 
 
-def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp_path, monkeypatch):
+PICKS = ("prm", "prm_vote", "orm", "orm_vote", "majority", "random")
+
+
+def _prm_runs(tmp_path):
+    """The prm arm, seeds 0 and 1, rounds 0 and 1, as the pipeline records them: pick i at N in round r scores
+    0.1 i + 0.05 N + 0.01 r in seed 0, 0.2 more in seed 1 (so each cell is that + 0.1 ± 0.141); the arguments."""
     import argparse
 
     from pipeline.rundir import Manifest, phase_key
 
-    ex = load_experiments()
-    picks = ("prm", "prm_vote", "orm", "orm_vote", "majority", "random")
-    # The prm arm, seeds 0 and 1, rounds 0 and 1, as the pipeline records them: pick i at N in round r scores
-    # 0.1 i + 0.05 N + 0.01 r in seed 0, 0.2 more in seed 1 (so each cell is that + 0.1 ± 0.141).
     for seed, shift in ((0, 0.0), (1, 0.2)):
         phases = {}
         for r in (0, 1):
             bon = {f"bon/{w}@{n}": 0.1 * i + 0.05 * n + 0.01 * r + shift
-                   for i, w in enumerate(picks) for n in (2, 4)}
+                   for i, w in enumerate(PICKS) for n in (2, 4)}
             phases[phase_key(r, "eval")] = {"metrics": {"eval/greedy": 0.5, "eval/maj@8": 0.5, **bon}}
         Manifest(tmp_path / "runs" / f"prm-s{seed}", {"config": {}, "phases": phases, "mlflow": {}}).save()
-    a = argparse.Namespace(runs_dir=str(tmp_path / "runs"), seeds=[0, 1], rounds=1, out=str(tmp_path / "docs"),
-                           smoke=True, experiment="x", tracking_uri=None, mc_prompts=4)
+    return argparse.Namespace(runs_dir=str(tmp_path / "runs"), seeds=[0, 1], rounds=1, out=str(tmp_path / "docs"),
+                              figures=str(tmp_path / "docs" / "experiments"), smoke=True, experiment="x",
+                              tracking_uri=None, mc_prompts=4)
+
+
+def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp_path, monkeypatch):
+    ex = load_experiments()
+    a = _prm_runs(tmp_path)
     drawn = {}
     real_plot = ex.plot_lines
 
@@ -80,6 +87,31 @@ def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp
     assert [title for title, _, _ in panels] == ["best-of-N, round 0", "best-of-N, round 1"]
     assert list(panels[1][2]) == labels and panels[1][2]["ORM vote"][0] == [2, 4]
     assert (tmp_path / "docs" / "img" / "best_of_n.png").stat().st_size > 1000
+
+
+def test_a_fresh_clone_rebuilds_the_same_report_from_the_kept_figures_alone(tmp_path):
+    """The machine that ran the arms is gone (runs/ with it); what each finished unit left in docs/experiments/
+    rebuilds the report, marks the unit done, and names the commit it ran from."""
+    import shutil
+
+    ex = load_experiments()
+    a = _prm_runs(tmp_path)
+    runs = ex.Experiments(a)
+    for name in ("prm-s0", "prm-s1"):  # what `unit` does when an arm finishes
+        runs.status["units"][name] = {"status": "done", "seconds": 90.0}
+        runs.record(name, runs.figures_of(name))
+    before = ex.report(runs, "python bench/experiments.py --smoke", None, log=False).read_text()
+    shutil.rmtree(tmp_path / "runs")
+
+    fresh = ex.Experiments(a)
+    after = ex.report(fresh, "python bench/experiments.py --smoke", None, log=False).read_text()
+    assert after == before
+    row = next(line for line in after.splitlines() if line.startswith("| `prm` GRPO + PRM (process) |"))
+    assert row.endswith("| 2 of 2 seeds |")  # both seeds' rounds, from the figures
+    assert "sum of all units' wall times over every invocation 3 min" in after
+    commit = fresh.recorded("prm-s0")["commit"]
+    assert f"`{commit}` (2 units)" in after and commit != "unknown"
+    assert not fresh.pending("prm-s0") and fresh.pending("orm-s0")
 
 
 def test_the_hybrid_arm_is_chosen_by_maj8_among_those_whose_prm_term_carries_a_fifth_of_the_variance(monkeypatch):
@@ -110,8 +142,8 @@ def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path)
     from pipeline.problems.arithmetic import answer_slip, format_solution, parse_prompt
 
     ex = load_experiments()
-    runs = ex.Experiments(argparse.Namespace(runs_dir=str(tmp_path), smoke=False, experiment="x", tracking_uri=None,
-                                             rounds=2))
+    runs = ex.Experiments(argparse.Namespace(runs_dir=str(tmp_path), figures=str(tmp_path / "figures"), smoke=False,
+                                             experiment="x", tracking_uri=None, rounds=2))
     cfg = runs.arm_config("exploit", 0)  # the overrides load: the pattern survives --set's YAML
     assert not cfg.reward_model.retrain and cfg.reward_model.exploit.model_dump() == ex.EXPLOIT
     pattern, ps = re.compile(cfg.reward_model.exploit.pattern, re.MULTILINE), problem_set_from_config(cfg)
