@@ -131,14 +131,18 @@ class Experiments:
             "unit": name, "commit": commit, "date": time.strftime("%Y-%m-%d"),
             "seconds": self.status["units"][name]["seconds"], **figures})
 
+    def kept(self) -> dict[str, dict]:
+        """Every unit's kept figures, by name."""
+        return {p.stem: read_json(p) for p in sorted(self.figures.glob("*.json"))}
+
     def units(self) -> dict[str, dict]:
         """Every unit's status and wall time: this runs directory's, and those kept in the figures."""
-        kept = {p.stem: {"status": "done", "seconds": read_json(p)["seconds"]} for p in self.figures.glob("*.json")}
-        return {**kept, **self.status["units"]}
+        return {**{n: {"status": "done", "seconds": k["seconds"]} for n, k in self.kept().items()},
+                **self.status["units"]}
 
     def commits(self) -> dict[str, int]:
         """The commits the kept figures ran from, with how many units each."""
-        return dict(collections.Counter(read_json(p)["commit"] for p in sorted(self.figures.glob("*.json"))))
+        return dict(collections.Counter(k["commit"] for k in self.kept().values()))
 
     def pending(self, name: str) -> bool:
         return self.recorded(name) is None and self.status["units"].get(name, {}).get("status") != "done"
@@ -169,7 +173,7 @@ class Experiments:
         print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
         start = time.perf_counter()
         try:
-            func()
+            figures = func()
             status = "done"
         except Exception:  # one broken arm must not cost the others: report it, carry on
             traceback.print_exc()
@@ -178,26 +182,17 @@ class Experiments:
         self.status["units"][name] = {"status": status, "seconds": old.get("seconds", 0.0) + seconds}
         write_json_atomic(self.status_path, self.status)
         if status == "done":
-            self.record(name, self.figures_of(name))
+            self.record(name, figures)
         print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {seconds / 60:.1f} min", flush=True)
 
-    def figures_of(self, name: str) -> dict:
-        """What the report reads of a finished unit: an arm's metrics by round, the MC result, SFT's metrics."""
-        if name.startswith("mc-s"):
-            return read_json(self.runs_dir / f"{name}.json")
-        if name.startswith("sft-s"):
-            return {"metrics": read_json(self.runs_dir / name / "metrics.json")}
-        return {"rounds": rounds_of(self.runs_dir / name)}
+    # --- units: each returns its figures, what the report reads of it ----------------------------
 
-    # --- units -----------------------------------------------------------------------------------
-
-    def sft(self, seed: int) -> None:
+    def sft(self, seed: int) -> dict:
         from pipeline import tracking
         from pipeline.bootstrap import run_bootstrap
 
         cfg = self.config(seed, [f"run.name=sft-s{seed}"])
         res = run_bootstrap(cfg, self.sft_path(seed))
-        write_json_atomic(self.runs_dir / f"sft-s{seed}" / "metrics.json", res.metrics)
         kept = (self.recorded(f"sft-s{seed}") or {}).get("metrics", {}).get("sft/train_loss")
         if kept is not None and kept != res.metrics["sft/train_loss"]:  # the arms of this seed start elsewhere
             print(f"experiments: sft-s{seed} retrained to train loss {res.metrics['sft/train_loss']!r}, not the kept "
@@ -207,13 +202,15 @@ class Experiments:
         run = tracking.create_run(exp, f"sft-s{seed}", tags={"arm": "sft", "seed": str(seed)})
         tracking.log_metrics(run, res.metrics)
         tracking.finish(run)
+        return {"metrics": res.metrics}
 
-    def arm(self, arm: str, seed: int) -> None:
+    def arm(self, arm: str, seed: int) -> dict:
         from flows.iterative import iterative_rl
 
         iterative_rl(self.arm_config(arm, seed).model_dump(mode="json"))
+        return {"rounds": rounds_of(self.runs_dir / f"{arm}-s{seed}")}
 
-    def mc(self, seed: int) -> None:
+    def mc(self, seed: int) -> dict:
         from pipeline import tracking
 
         cfg = self.config(seed, [f"run.name=mc-s{seed}"])
@@ -225,7 +222,7 @@ class Experiments:
         for n, r in result["by_n"].items():
             tracking.log_metrics(run, {"mc/he_gold_agreement": r["he"], "mc/se_gold_agreement": r["se"]}, step=int(n))
         tracking.finish(run)
-        write_json_atomic(self.runs_dir / f"mc-s{seed}.json", result)
+        return result
 
 
 def mc_label_agreement(cfg, policy_path: Path, prompts: int, samples: int, ns, seed: int) -> dict:
@@ -279,9 +276,13 @@ def gather(ex: Experiments, seeds: list[int]) -> dict:
     for arm in ARMS:
         for seed in seeds:
             if kept := ex.recorded(f"{arm}-s{seed}"):
-                data.setdefault(arm, {})[seed] = {int(r): m for r, m in kept["rounds"].items()}
-            elif (ex.runs_dir / f"{arm}-s{seed}" / "manifest.json").exists():
-                data.setdefault(arm, {})[seed] = rounds_of(ex.runs_dir / f"{arm}-s{seed}")
+                rounds = {int(r): m for r, m in kept["rounds"].items()}
+            else:
+                try:
+                    rounds = rounds_of(ex.runs_dir / f"{arm}-s{seed}")
+                except FileNotFoundError:  # not started
+                    continue
+            data.setdefault(arm, {})[seed] = rounds
     return data
 
 

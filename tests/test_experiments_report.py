@@ -99,7 +99,7 @@ def test_a_fresh_clone_rebuilds_the_same_report_from_the_kept_figures_alone(tmp_
     runs = ex.Experiments(a)
     for name in ("prm-s0", "prm-s1"):  # what `unit` does when an arm finishes
         runs.status["units"][name] = {"status": "done", "seconds": 90.0}
-        runs.record(name, runs.figures_of(name))
+        runs.record(name, {"rounds": ex.rounds_of(tmp_path / "runs" / name)})
     before = ex.report(runs, "python bench/experiments.py --smoke", None, log=False).read_text()
     shutil.rmtree(tmp_path / "runs")
 
