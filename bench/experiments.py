@@ -128,7 +128,7 @@ class Experiments:
         commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip() or "unknown"
         write_json_atomic(self.figures / f"{name}.json", {
-            "unit": name, "commit": commit, "date": time.strftime("%Y-%m-%d"),
+            "unit": name, "commit": commit, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
             "seconds": self.status["units"][name]["seconds"], **figures})
 
     def kept(self) -> dict[str, dict]:
@@ -143,6 +143,10 @@ class Experiments:
     def commits(self) -> dict[str, int]:
         """The commits the kept figures ran from, with how many units each."""
         return dict(collections.Counter(k["commit"] for k in self.kept().values()))
+
+    def machines(self) -> dict[str, int]:
+        """The machines the kept figures ran on, with how many units each (not recorded before 2026-12-03)."""
+        return dict(collections.Counter(k.get("machine", "machine not recorded") for k in self.kept().values()))
 
     def pending(self, name: str) -> bool:
         return self.recorded(name) is None and self.status["units"].get(name, {}).get("status") != "done"
@@ -223,6 +227,17 @@ class Experiments:
             tracking.log_metrics(run, {"mc/he_gold_agreement": r["he"], "mc/se_gold_agreement": r["se"]}, step=int(n))
         tracking.finish(run)
         return result
+
+
+def machine() -> str:
+    """The CPU, its cores and torch: the same code and seed on another machine ends elsewhere (docs/results.md §8)."""
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
+    return f"{cpu or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
 def mc_label_agreement(cfg, policy_path: Path, prompts: int, samples: int, ns, seed: int) -> dict:
@@ -381,7 +396,8 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
         "`mc-labels-s<seed>`; the report and plots as artifacts of a `summary` run).",
         "",
         f"Each unit's figures: `{ex.figures.as_posix()}/<unit>.json`; they ran from "
-        + (", ".join(f"`{c}` ({n} units)" for c, n in ex.commits().items()) or "no commit yet (none kept)") + ".",
+        + (", ".join(f"`{c}` ({n} units)" for c, n in ex.commits().items()) or "no commit yet (none kept)")
+        + "; on " + (", ".join(f"{m} ({n} units)" for m, n in ex.machines().items()) or "no machine yet") + ".",
         "",
         f"Budgets (configs/quickstart.yaml unless listed): {last} RL round(s) after round 0 for every arm; per round "
         f"GRPO {g.get('max_steps')} steps of {g.get('per_device_train_batch_size')} completions "

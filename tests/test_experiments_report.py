@@ -111,6 +111,8 @@ def test_a_fresh_clone_rebuilds_the_same_report_from_the_kept_figures_alone(tmp_
     assert "sum of all units' wall times over every invocation 3 min" in after
     commit = fresh.recorded("prm-s0")["commit"]
     assert f"`{commit}` (2 units)" in after and commit != "unknown"
+    machine = fresh.recorded("prm-s0")["machine"]  # the same seed on another CPU ends elsewhere: say which one ran it
+    assert f"on {machine} (2 units)" in after and f"{os.cpu_count()} cores, torch " in machine
     assert not fresh.pending("prm-s0") and fresh.pending("orm-s0")
 
 
