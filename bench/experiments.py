@@ -148,6 +148,19 @@ class Experiments:
         """The machines the kept figures ran on, with how many units each (not recorded before 2026-12-03)."""
         return dict(collections.Counter(k.get("machine", "machine not recorded") for k in self.kept().values()))
 
+    def mixed_starts(self, seeds: list[int]) -> dict[int, dict[str, list[str]]]:
+        """Seeds whose kept arms started from more than one round-0 policy (a retrained SFT, or one not recorded):
+        seed -> policy -> its arms. Such a seed's arms differ from round 0 on, not only by their method."""
+        out = {}
+        for seed in seeds:
+            by = collections.defaultdict(list)
+            for arm in ARMS:
+                if kept := self.recorded(f"{arm}-s{seed}"):
+                    by[kept.get("start", "not recorded")].append(arm)
+            if len(by) > 1:
+                out[seed] = dict(by)
+        return out
+
     def pending(self, name: str) -> bool:
         return self.recorded(name) is None and self.status["units"].get(name, {}).get("status") != "done"
 
@@ -206,13 +219,13 @@ class Experiments:
         run = tracking.create_run(exp, f"sft-s{seed}", tags={"arm": "sft", "seed": str(seed)})
         tracking.log_metrics(run, res.metrics)
         tracking.finish(run)
-        return {"metrics": res.metrics}
+        return {"metrics": res.metrics, "policy": policy_id(self.sft_path(seed))}
 
     def arm(self, arm: str, seed: int) -> dict:
         from flows.iterative import iterative_rl
 
         iterative_rl(self.arm_config(arm, seed).model_dump(mode="json"))
-        return {"rounds": rounds_of(self.runs_dir / f"{arm}-s{seed}")}
+        return {"rounds": rounds_of(self.runs_dir / f"{arm}-s{seed}"), "start": policy_id(self.sft_path(seed))}
 
     def mc(self, seed: int) -> dict:
         from pipeline import tracking
@@ -227,6 +240,13 @@ class Experiments:
             tracking.log_metrics(run, {"mc/he_gold_agreement": r["he"], "mc/se_gold_agreement": r["se"]}, step=int(n))
         tracking.finish(run)
         return result
+
+
+def policy_id(path: Path) -> str:
+    """A short hash of a policy's weights: which round-0 policy an arm started from."""
+    import hashlib
+
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:12]
 
 
 def machine() -> str:
@@ -397,7 +417,11 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
         "",
         f"Each unit's figures: `{ex.figures.as_posix()}/<unit>.json`; they ran from "
         + (", ".join(f"`{c}` ({n} units)" for c, n in ex.commits().items()) or "no commit yet (none kept)")
-        + "; on " + (", ".join(f"{m} ({n} units)" for m, n in ex.machines().items()) or "no machine yet") + ".",
+        + "; on " + (", ".join(f"{m} ({n} units)" for m, n in ex.machines().items()) or "no machine yet") + "."
+        + "".join(f" **Seed {s}'s arms started from {len(by)} different round-0 policies** ("
+                  + "; ".join(f"`{p}`: {', '.join(arms)}" for p, arms in by.items())
+                  + "): its arms differ from round 0 on, not only by their method."
+                  for s, by in ex.mixed_starts(seeds).items()),
         "",
         f"Budgets (configs/quickstart.yaml unless listed): {last} RL round(s) after round 0 for every arm; per round "
         f"GRPO {g.get('max_steps')} steps of {g.get('per_device_train_batch_size')} completions "

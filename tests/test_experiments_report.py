@@ -116,6 +116,21 @@ def test_a_fresh_clone_rebuilds_the_same_report_from_the_kept_figures_alone(tmp_
     assert not fresh.pending("prm-s0") and fresh.pending("orm-s0")
 
 
+def test_the_report_says_when_a_seeds_arms_started_from_different_round0_policies(tmp_path):
+    """A seed regenerated in parts on two machines retrains its SFT, which may end elsewhere: its arms then differ
+    from round 0 on, and the report must say so rather than pair them as if they differed only by method."""
+    ex = load_experiments()
+    a = _prm_runs(tmp_path)
+    runs = ex.Experiments(a)
+    rounds = ex.rounds_of(tmp_path / "runs" / "prm-s0")
+    for name, start in (("prm-s0", "aaa"), ("verifier-s0", "aaa"), ("prm-s1", "bbb"), ("verifier-s1", "ccc")):
+        runs.status["units"][name] = {"status": "done", "seconds": 60.0}
+        runs.record(name, {"rounds": rounds, "start": start})
+    text = ex.report(runs, "python bench/experiments.py --smoke", None, log=False).read_text()
+    assert "**Seed 1's arms started from 2 different round-0 policies** (`bbb`: prm; `ccc`: verifier)" in text
+    assert "Seed 0's arms started" not in text
+
+
 def test_the_hybrid_arm_is_chosen_by_maj8_among_those_whose_prm_term_carries_a_fifth_of_the_variance(monkeypatch):
     ex = load_experiments()
     arms = ("hybrid-sum-w0.3", "hybrid-sum-w1", "hybrid-min-w0.3", "hybrid-min-w1")
