@@ -45,6 +45,15 @@ import time
 import traceback
 from pathlib import Path
 
+# The same code and seed on another CPU trains to other figures (docs/results.md section 8): torch and MKL pick
+# their kernels by the CPU's instruction set, and a sum in another order ends elsewhere. Every x86-64 machine
+# here has AVX2, so the units run on its kernels, at 2 threads, and a seed's arms run on two machines compute
+# alike (seen: sft-s0's train loss 0.2598 on an AVX-512 machine pinned to AVX2, as on an AVX2 one; 0.2672 there
+# unpinned). Read once, when torch loads: so the script starts itself again with them set. --native: the CPU's own.
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2"}
+if __name__ == "__main__" and "--native" not in sys.argv and any(os.environ.get(k) != v for k, v in PINNED.items()):
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED})
+
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 from _common import ROOT  # noqa: E402  (sets sys.path, quiet warnings and tqdm)
 
@@ -257,7 +266,9 @@ def machine() -> str:
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
-    return f"{cpu or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    return (f"{cpu or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{torch.backends.cpu.get_cpu_capability()} kernels{'' if os.environ.get('MKL_CBWR') else ' (native)'}, "
+            f"{torch.get_num_threads()} threads")
 
 
 def mc_label_agreement(cfg, policy_path: Path, prompts: int, samples: int, ns, seed: int) -> dict:
@@ -696,6 +707,8 @@ def main() -> None:
     ap.add_argument("--experiment", help=f"MLflow experiment (default {EXPERIMENT}; smoke: {EXPERIMENT}-smoke)")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's, ./mlflow.db; smoke: in the runs dir)")
     ap.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
+    ap.add_argument("--native", action="store_true", help="the CPU's own kernels and thread count, not the pinned "
+                    "AVX2 ones at 2 threads (faster on some CPUs; figures then differ from another machine's)")
     a = ap.parse_args()
     from flows.console import prefect_defaults
 
