@@ -51,7 +51,14 @@ from pathlib import Path
 # alike (seen: sft-s0's train loss 0.2598 on an AVX-512 machine pinned to AVX2, as on an AVX2 one; 0.2672 there
 # unpinned). Read once, when torch loads: so the script starts itself again with them set. --native: the CPU's own.
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2"}
-if __name__ == "__main__" and "--native" not in sys.argv and any(os.environ.get(k) != v for k, v in PINNED.items()):
+
+
+def pinned() -> bool:
+    """Whether this process runs on the pinned kernels and threads."""
+    return all(os.environ.get(k) == v for k, v in PINNED.items())
+
+
+if __name__ == "__main__" and "--native" not in sys.argv and not pinned():
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED})
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -267,7 +274,7 @@ def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
     return (f"{cpu or platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.backends.cpu.get_cpu_capability()} kernels{'' if os.environ.get('MKL_CBWR') else ' (native)'}, "
+            f"{torch.backends.cpu.get_cpu_capability()} kernels{'' if pinned() else ' (native)'}, "
             f"{torch.get_num_threads()} threads")
 
 
