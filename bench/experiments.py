@@ -439,7 +439,10 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
         + "".join(f" **Seed {s}'s arms started from {len(by)} different round-0 policies** ("
                   + "; ".join(f"`{p}`: {', '.join(arms)}" for p, arms in by.items())
                   + "): its arms differ from round 0 on, not only by their method."
-                  for s, by in ex.mixed_starts(seeds).items()),
+                  for s, by in ex.mixed_starts(seeds).items())
+        # Superseded reports (other code, other machines) are kept by hand beside this one, not rewritten.
+        + (" Earlier measurements, by other code or on other machines: [results-history.md](results-history.md)."
+           if (out / "results-history.md").exists() else ""),
         "",
         f"Budgets (configs/quickstart.yaml unless listed): {last} RL round(s) after round 0 for every arm; per round "
         f"GRPO {g.get('max_steps')} steps of {g.get('per_device_train_batch_size')} completions "

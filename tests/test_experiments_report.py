@@ -176,3 +176,16 @@ def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path)
         same += bad == gold
     assert slipped > 150 and 0 < same < 30  # 188 and 12 of the 200 held-out problems
     assert ex.fired({"exploit": {0: {1: {"a": 1.0}}, 1: {1: {"a": 0.0}}}}, "exploit", 1, "a") == "1/2"
+
+
+def test_a_rebuilt_report_links_the_history_beside_it_and_leaves_it_as_written(tmp_path):
+    """Superseded reports are kept by hand in results-history.md: a rebuild must point to it, not overwrite it."""
+    ex = load_experiments()
+    a = _prm_runs(tmp_path)
+    runs = ex.Experiments(a)
+    assert "results-history.md" not in ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
+    history = Path(a.out) / "results-history.md"
+    history.write_text("# Results history\n\nold figures\n")
+    text = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
+    assert "[results-history.md](results-history.md)" in text
+    assert history.read_text() == "# Results history\n\nold figures\n"
