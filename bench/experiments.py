@@ -553,7 +553,11 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
                [statistics.stdev([m["by_n"][str(n)][key] for m in mc]) if len(mc) > 1 else 0.0 for n in MC_NS])
         for name, key in (("hard estimation", "he"), ("soft estimation (>= 0.5)", "se")) if mc})],
         "N: rollouts per step", logx=True)
-    sizes = f"{mc[0]['samples']} samples, {mc[0]['steps']} steps" if mc else "no data"
+    def span(key: str) -> str:  # each seed draws its own samples, so their counts differ
+        lo, hi = min(m[key] for m in mc), max(m[key] for m in mc)
+        return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+    sizes = f"{span('samples')} samples, {span('steps')} steps" if mc else "no data"
     md += ["", "## 4. Monte-Carlo step labels against gold labels, by the number of rollouts N", "",
            "Mirrors Math-Shepherd §5.2: hard estimation agrees best with human labels at small N (86% at N = 4) and "
            "degrades as N grows; soft estimation keeps improving with N. Here: each seed's SFT policy, "
