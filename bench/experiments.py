@@ -62,10 +62,11 @@ if __name__ == "__main__" and "--native" not in sys.argv and not pinned():
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED})
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+import prm_study  # noqa: E402  (its table's rows, for the kept study results)
 from _common import ROOT  # noqa: E402  (sets sys.path, quiet warnings and tqdm)
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic  # noqa: E402  # noqa: E402
+from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic  # noqa: E402
 
 EXPERIMENT = "iterative-grpo-experiments"
 SUPERVISION_ARMS = ("prm", "orm", "verifier", "rft")
@@ -662,16 +663,19 @@ def issue16_section(ex: Experiments, data: dict, seeds: list[int], rounds: list[
           "The prm arm's PRM step AUC against gold, by seed and round: on every eval sample "
           "(`eval/prm_step_auc_gold`: the round's PRM, held-out problems, thousands of steps) and in brackets on the "
           "RM phase's held-out slice (`prm/step_auc_gold`, ~150 samples). Goal: >= 0.85 in every round and seed.", "", table(["seed"] + [f"round {r}" for r in rounds], auc)]
-    study = sorted(ex.runs_dir.glob("*/prm_study/results.json"))
-    if study:
-        from prm_study import table as study_table
-
-        saved = read_json(study[0])
-        md += ["", f"What limits the PRM (`python bench/prm_study.py --run {saved['run']}`): each variant retrains the "
-               "PRM round after round on that run's shards; step AUC against gold on the round's policy sampled "
-               f"{saved.get('samples_per_test_problem')} times on every held-out test problem (in brackets: on the "
-               "pipeline's held-out slice of the shard).", "",
-               study_table(saved["results"], sorted({int(r) for v in saved["results"].values() for r in v}))]
+    kept = [read_json(p) for p in sorted((ex.figures / "prm-study").glob("*.json"))]  # bench/prm_study.py --figures
+    if kept:
+        kept.sort(key=lambda k: (k["seed"], k["collect"]))
+        rounds_run = sorted({int(r) for k in kept for v in k["results"].values() for r in v})
+        head = ["seed", "collected a round", prm_study.HEAD[0], *(f"round {r}" for r in rounds_run), *prm_study.HEAD[1:]]
+        lines = [[str(k["seed"]), f"{k['collect'][0]} prompts x {k['collect'][1]}", *row]
+                 for k in kept for row in prm_study.rows(k["results"], rounds_run)]
+        md += ["", "What limits the PRM (`python bench/prm_study.py --run RUN --figures docs/experiments`, on verifier "
+               "arms, whose shards do not depend on the PRM): each variant retrains the PRM round after round on RUN's "
+               "shards as the RM phase does; step AUC against gold on the round's policy sampled "
+               f"{kept[0].get('samples_per_test_problem')} times on every held-out test problem (in brackets: on the "
+               "pipeline's held-out slice of the shard). Runs: " + "; ".join(f"`{k['run']}`" for k in kept) + ".", "",
+               table(head, lines)]
     return md + ["", PLACEHOLDER]
 
 

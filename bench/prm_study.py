@@ -22,8 +22,11 @@ policy's by design (its capacity is the policy's), so it is not a variant here.
   python bench/prm_study.py --run runs/experiments/verifier-s0          # ~15 min on 2 cores
   python bench/prm_study.py --run ... --only default --only hard        # some variants
   python bench/prm_study.py --run ... --rounds 0                        # some rounds (warm starts chain within them)
-Results: `<run>/prm_study/results.json` (resumable: finished variant-rounds are kept), a table on stdout;
-bench/experiments.py's report puts the table in docs/results.md when the file exists.
+Results: `<run>/prm_study/results.json` (resumable: finished variant-rounds are kept), a table on stdout; with
+`--figures docs/experiments` also kept as docs/experiments/prm-study/<run>.json, which bench/experiments.py's report
+tabulates in docs/results.md (every kept run, by seed and by how much the run collected a round). More rows a round
+is not a variant (the study cannot add samples): run the verifier arm with a larger `collect.prompts_per_round`
+or `collect.samples_per_prompt` and study that run.
 """
 
 from __future__ import annotations
@@ -134,10 +137,10 @@ def study_round(cfg, variant: str, name: str, run: Path, r: int, prev: str | Non
             "test": step_auc_gold(scorer, ps, test["prompt"], test["completion"], [tests[i] for i in test["problem"]])}
 
 
-def table(results: dict, rounds: list[int]) -> str:
-    """Markdown: step AUC against gold per variant and round, on the test samples (held-out slice in brackets)."""
-    head = "| variant | " + " | ".join(f"round {r}" for r in rounds) + " | mean (test) | min (test) | train s/round |"
-    lines = [head, "|" + "---|" * (len(rounds) + 4)]
+def rows(results: dict, rounds: list[int]) -> list[list[str]]:
+    """Per variant: step AUC against gold per round on the test samples (held-out slice in brackets), their mean
+    and min, and the training seconds per round."""
+    out = []
     for variant, by_round in results.items():
         cells, tests, secs = [], [], []
         for r in rounds:
@@ -148,11 +151,24 @@ def table(results: dict, rounds: list[int]) -> str:
             tests.append(x["test"]["step_auc_gold"])
             secs.append(x["train_seconds"])
             cells.append(f"{x['test']['step_auc_gold']:.3f} ({x['held_out']['step_auc_gold']:.3f})")
-        mean = f"{statistics.mean(tests):.3f}" if tests else "-"
-        low = f"{min(tests):.3f}" if tests else "-"
-        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {mean} | {low} | "
-                     + (f"{statistics.mean(secs):.0f}" if secs else "-") + " |")
-    return "\n".join(lines)
+        out.append([variant, *cells, f"{statistics.mean(tests):.3f}" if tests else "-",
+                    f"{min(tests):.3f}" if tests else "-", f"{statistics.mean(secs):.0f}" if secs else "-"])
+    return out
+
+
+HEAD = ["variant", "mean (test)", "min (test)", "train s/round"]  # the round columns go after "variant"
+
+
+def table(results: dict, rounds: list[int]) -> str:
+    """Markdown: `rows` under a header."""
+    head = [HEAD[0], *(f"round {r}" for r in rounds), *HEAD[1:]]
+    return "\n".join("| " + " | ".join(line) + " |" for line in [head, ["---"] * len(head), *rows(results, rounds)])
+
+
+def keep(saved: dict, figures: Path, run: Path) -> Path:
+    """The study's results beside the experiments' kept figures (`<figures>/prm-study/<run>.json`), so the report is
+    rebuilt from them when the run directory is gone."""
+    return write_json_atomic(figures / "prm-study" / f"{run.name}.json", saved)
 
 
 def main() -> None:
@@ -162,6 +178,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="another reward_model override for every variant")
     ap.add_argument("--samples", type=int, default=8, help="samples per test problem for the test set")
     ap.add_argument("--rounds", type=int, nargs="+", help="these rounds only (default: every collected round)")
+    ap.add_argument("--figures", help="also keep the results here (docs/experiments: the report's table reads them)")
     a = ap.parse_args()
     run = Path(a.run)
     out = run / "prm_study"
@@ -170,6 +187,8 @@ def main() -> None:
     rounds = [r for r in rounds if a.rounds is None or r in a.rounds]
     path = out / "results.json"
     saved = read_json(path) if path.exists() else {"run": str(run), "results": {}}
+    c = manifest.data["config"]  # what the report names the run by: its seed and how much it collected a round
+    saved.update(seed=c["run"]["seed"], collect=[c["collect"]["prompts_per_round"], c["collect"]["samples_per_prompt"]])
     for variant in a.only or list(VARIANTS):
         cfg = config_from_dict(manifest.data["config"], [*VARIANTS[variant], *a.set], check_trl=False)
         name = "+".join([variant, *a.set])  # --set makes another variant: its results must not pass for this one's
@@ -184,6 +203,8 @@ def main() -> None:
                 write_json_atomic(path, saved)
             prev = done["checkpoint"]
     print(table(saved["results"], rounds))
+    if a.figures:
+        print(f"kept: {keep(saved, Path(a.figures), run)}", file=sys.stderr)
     print(f"results: {path}", file=sys.stderr)
 
 

@@ -189,3 +189,35 @@ def test_a_rebuilt_report_links_the_history_beside_it_and_leaves_it_as_written(t
     text = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
     assert "[results-history.md](results-history.md)" in text
     assert history.read_text() == "# Results history\n\nold figures\n"
+
+
+def _study(seed: int, collect: list[int], aucs: list[float]) -> dict:
+    """What bench/prm_study.py keeps for one run: its default variant's figures by round."""
+    return {"run": f"runs/study/verifier-p{collect[0]}-s{seed}", "seed": seed, "collect": collect,
+            "samples_per_test_problem": 8,
+            "results": {"default": {str(r): {"test": {"step_auc_gold": x}, "held_out": {"step_auc_gold": x - 0.05},
+                                             "train_seconds": 30.0 * collect[0] / 192} for r, x in enumerate(aucs)}}}
+
+
+def test_the_prm_study_table_is_built_from_the_kept_study_results_of_every_run(tmp_path):
+    """The study's runs are not in the runs directory (nor on a fresh clone): section 6 tabulates what each kept study
+    file holds, one row per run and variant, named by the run's seed and how much it collected a round; the kept
+    units are not confused with them."""
+    from pipeline.rundir import write_json_atomic
+
+    ex = load_experiments()
+    a = _prm_runs(tmp_path)
+    kept = Path(a.figures) / "prm-study"
+    write_json_atomic(kept / "verifier-p384-s1.json", _study(1, [384, 8], [0.882, 0.913, 0.853]))
+    write_json_atomic(kept / "verifier-s1.json", _study(1, [192, 8], [0.739, 0.828, 0.754]))
+    write_json_atomic(kept / "verifier-s0.json", _study(0, [192, 8], [0.9, 0.8]))
+    runs = ex.Experiments(a)
+    text = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
+    lines = text.partition("| seed | collected a round |")[2].partition("\n\n")[0].splitlines()
+    lines = ["| seed | collected a round |" + lines[0], *lines[2:]]  # the header, then the rows
+    assert lines[0] == ("| seed | collected a round | variant | round 0 | round 1 | round 2 | mean (test) | min (test) "
+                        "| train s/round |")
+    assert lines[1:] == ["| 0 | 192 prompts x 8 | default | 0.900 (0.850) | 0.800 (0.750) | - | 0.850 | 0.800 | 30 |",
+                         "| 1 | 192 prompts x 8 | default | 0.739 (0.689) | 0.828 (0.778) | 0.754 (0.704) | 0.774 | 0.739 | 30 |",
+                         "| 1 | 384 prompts x 8 | default | 0.882 (0.832) | 0.913 (0.863) | 0.853 (0.803) | 0.883 | 0.853 | 60 |"]
+    assert "prm-study" not in ex.Experiments(a).kept() and "verifier-s1" not in ex.Experiments(a).kept()
