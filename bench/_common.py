@@ -18,6 +18,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("IGRPO_BENCH_CACHE", "/tmp/igrpo-bench"))
 
 
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table."""
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def quickstart(overrides: list[str] | None = None):
     return load_config(ROOT / "configs" / "quickstart.yaml", overrides or [])
 

@@ -63,7 +63,7 @@ if __name__ == "__main__" and "--native" not in sys.argv and not pinned():
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 import prm_study  # noqa: E402  (its table's rows, for the kept study results)
-from _common import ROOT  # noqa: E402  (sets sys.path, quiet warnings and tqdm)
+from _common import ROOT, table  # noqa: E402  (sets sys.path, quiet warnings and tqdm)
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic  # noqa: E402
@@ -364,11 +364,6 @@ def fired(data: dict, arm: str, r: int, key: str) -> str:
     return f"{sum(x > 0.5 for x in xs)}/{len(xs)}" if xs else "-"
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                     + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 def plot_lines(path: Path, panels: list[tuple[str, str, dict[str, tuple[list, list, list]]]], xlabel: str,
                logx: bool = False) -> Path:
     """One panel per (title, y label, {label: (x, mean, std)}), error bars = std over seeds."""
@@ -667,7 +662,7 @@ def issue16_section(ex: Experiments, data: dict, seeds: list[int], rounds: list[
     if kept:
         kept.sort(key=lambda k: (k["seed"], k["collect"]))
         rounds_run = sorted({int(r) for k in kept for v in k["results"].values() for r in v})
-        head = ["seed", "collected a round", prm_study.HEAD[0], *(f"round {r}" for r in rounds_run), *prm_study.HEAD[1:]]
+        head = ["seed", "collected a round", *prm_study.header(rounds_run)]
         lines = [[str(k["seed"]), f"{k['collect'][0]} prompts x {k['collect'][1]}", *row]
                  for k in kept for row in prm_study.rows(k["results"], rounds_run)]
         md += ["", "What limits the PRM (`python bench/prm_study.py --run RUN --figures docs/experiments`, on verifier "

@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT  # noqa: F401  (sets sys.path, quiet warnings and tqdm)
+from _common import table  # (also sets sys.path, quiet warnings and tqdm)
 
 from pipeline.config import config_from_dict  # noqa: E402
 from pipeline.rundir import Manifest, RunDir, read_json, write_json_atomic  # noqa: E402
@@ -156,13 +156,9 @@ def rows(results: dict, rounds: list[int]) -> list[list[str]]:
     return out
 
 
-HEAD = ["variant", "mean (test)", "min (test)", "train s/round"]  # the round columns go after "variant"
-
-
-def table(results: dict, rounds: list[int]) -> str:
-    """Markdown: `rows` under a header."""
-    head = [HEAD[0], *(f"round {r}" for r in rounds), *HEAD[1:]]
-    return "\n".join("| " + " | ".join(line) + " |" for line in [head, ["---"] * len(head), *rows(results, rounds)])
+def header(rounds: list[int]) -> list[str]:
+    """The columns of `rows`."""
+    return ["variant", *(f"round {r}" for r in rounds), "mean (test)", "min (test)", "train s/round"]
 
 
 def keep(saved: dict, figures: Path, run: Path) -> Path:
@@ -202,7 +198,7 @@ def main() -> None:
                 saved["samples_per_test_problem"] = a.samples
                 write_json_atomic(path, saved)
             prev = done["checkpoint"]
-    print(table(saved["results"], rounds))
+    print(table(header(rounds), rows(saved["results"], rounds)))
     if a.figures:
         print(f"kept: {keep(saved, Path(a.figures), run)}", file=sys.stderr)
     print(f"results: {path}", file=sys.stderr)
