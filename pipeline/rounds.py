@@ -310,14 +310,21 @@ def _problems(cfg: PipelineConfig) -> str:
     return f"{problems.name}: {len(problems.train)} train, {len(problems.test)} held-out problems"
 
 
-def _policy_model(cfg: PipelineConfig) -> str:
+def _model(spec: str, field: str) -> str:
     from models.factories import check_model_available, resolve_spec
 
-    if cfg.policy.model == "tiny":
-        return "tiny (built here)"
-    check_model_available(cfg.policy.model, "policy.model")
-    path, gguf = resolve_spec(cfg.policy.model)
+    check_model_available(spec, field)
+    path, gguf = resolve_spec(spec)
     return f"{path}/{gguf}" if gguf else path
+
+
+def _policy_model(cfg: PipelineConfig) -> str:
+    return "tiny (built here)" if cfg.policy.model == "tiny" else _model(cfg.policy.model, "policy.model")
+
+
+def _reward_model_backbone(cfg: PipelineConfig) -> str:
+    spec = cfg.reward_model.model
+    return "the round's policy" if spec is None else _model(spec, "reward_model.model")
 
 
 def _prompts(cfg: PipelineConfig) -> str:
@@ -361,13 +368,14 @@ def refuse_changed_config(manifest: Manifest, cfg: PipelineConfig) -> None:
 
 
 def preflight(cfg: PipelineConfig) -> None:
-    """What can be checked before any work: the problem set loads, the policy spec resolves, the prompt
-    format suits its tokenizer, MLflow answers.
+    """What can be checked before any work: the problem set loads, the policy's and the RMs' model specs resolve,
+    the prompt format suits its tokenizer, MLflow answers.
 
     Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
     """
     _problems(cfg)
     _policy_model(cfg)
+    _reward_model_backbone(cfg)
     _prompts(cfg)
     _launcher(cfg)
     tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
@@ -381,6 +389,7 @@ def check_run(cfg: PipelineConfig) -> tuple[dict[str, str], list[str]]:
     checks = {
         "problems": _problems,
         "policy.model": _policy_model,
+        "reward_model.model": _reward_model_backbone,
         "problems.prompt_format": _prompts,
         "launcher": _launcher,
         "tracking": lambda c: tracking.probe(c.tracking.tracking_uri, c.tracking.experiment),

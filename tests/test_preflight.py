@@ -115,6 +115,17 @@ def test_missing_model_path(tmp_path, capsys):
     assert_user_error(tmp_path, rc, err, f"model path {str(missing)!r} does not exist")
 
 
+def test_a_missing_reward_model_backbone_is_named_before_anything_is_written(tmp_path, capsys):
+    missing = tmp_path / "checkpoints" / "prm-backbone"
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, reward_model={"model": str(missing)}))
+    assert_user_error(tmp_path, rc, err, f"reward_model.model: model path {str(missing)!r} does not exist")
+
+
+def test_an_untrained_tiny_reward_model_backbone_is_refused_at_config_load(tmp_path, capsys):
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, reward_model={"model": "tiny"}))
+    assert_user_error(tmp_path, rc, err, "reward_model.model", "untrained", "igrpo bootstrap")
+
+
 def test_model_directory_without_config(tmp_path, capsys):
     (tmp_path / "empty_ckpt").mkdir()
     rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, policy={"model": str(tmp_path / "empty_ckpt")}))
@@ -130,7 +141,7 @@ def test_gguf_file_that_is_not_gguf(tmp_path, capsys):
 
 def test_package_without_gguf(tmp_path, capsys):
     rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, policy={"model": "package:yaml"}))
-    assert_user_error(tmp_path, rc, err, "policy 'package:yaml': package 'yaml' ships no .gguf file")
+    assert_user_error(tmp_path, rc, err, "policy.model: model 'package:yaml': package 'yaml' ships no .gguf file")
 
 
 def test_tokenizer_without_eos():

@@ -194,3 +194,41 @@ def test_reward_model_phase_warm_start_replay_and_holdout(setup):
         assert (cal["round"], cal["rows"]) == (1, 2 * held_prompts)
         assert cal["gap"] == pytest.approx(r1.metrics[f"{kind}/mean_score"] - cal["accuracy"])
     assert ReplayBuffer(run_dir).rounds() == [0, 1]
+
+
+def test_reward_models_start_afresh_from_the_configured_backbone_not_the_policy(setup):
+    """`reward_model.model`: an RM trained afresh (round 0, or any round without warm_start) starts from that
+    backbone, a model of another size than the policy here; a warm start keeps the previous RM's."""
+    from models import char_tokenizer, tiny_policy
+
+    cfg, ps, policy, tmp = setup
+    tok = char_tokenizer()
+    wide = tmp / "rm-backbone"
+    save_model(tiny_policy(tok, hidden_size=96, num_layers=3, num_heads=4, intermediate_size=192,
+                           max_position_embeddings=96, seed=1), tok, wide)
+    start = load_policy(str(wide))[0].state_dict()
+    run_dir = tmp / "rm-backbone-run"
+    write_shard(corrupted_rows(ps, ps.train[:40], 0), RunDir(run_dir).shard(0))
+    write_shard([{**r, "round": 1} for r in corrupted_rows(ps, ps.train[40:70], 1)], RunDir(run_dir).shard(1))
+    with_backbone = config_from_dict(cfg.model_dump(mode="json"), [f"reward_model.model={wide}", "reward_model.kinds=[prm]"],
+                                    check_trl=False)
+
+    def began_from_backbone(spy) -> bool:  # every backbone weight at train begin is the saved backbone's
+        inner = {k.split(".", 1)[1]: v for k, v in spy.weights.items() if k.startswith("model.")}
+        return inner.keys() == {k.split(".", 1)[1] for k in start if k.startswith("model.")} and all(
+            torch.equal(v, start[f"model.{k}"]) for k, v in inner.items())
+
+    spy = FirstWeights()
+    r0 = run_reward_model_phase(with_backbone, run_dir, 0, policy, callbacks=[spy])
+    assert began_from_backbone(spy)  # not from the policy
+    model, _, _ = load_reward_model(r0.paths["prm"], expect="prm")
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (96, 3)  # the policy is 128 x 4
+    assert 0 <= r0.metrics["prm/step_auc_gold"] <= 1  # scored on the policy's text with the backbone's tokenizer
+    previous = {k: str(v) for k, v in r0.paths.items()}
+    spy = FirstWeights()
+    run_reward_model_phase(with_backbone, run_dir, 1, policy, previous=previous, callbacks=[spy])
+    assert not began_from_backbone(spy)  # warm: from round 0's PRM
+    cold = config_from_dict(with_backbone.model_dump(mode="json"), ["reward_model.warm_start=false"], check_trl=False)
+    spy = FirstWeights()
+    run_reward_model_phase(cold, run_dir, 1, policy, previous=previous, callbacks=[spy])
+    assert began_from_backbone(spy)
