@@ -18,7 +18,8 @@ balanced (samples with a step HE labels wrong oversampled to half the rows: clas
 hard+lr1e-4 and hard+epochs12. `--set KEY=VALUE` runs every variant with one more override, kept apart under
 the name `<variant>+KEY=VALUE`. The backbone is the round's policy unless `--set reward_model.model=DIR` gives
 another, e.g. a wider and deeper tiny model SFT'd on the same data (backbone capacity):
-  igrpo bootstrap configs/quickstart.yaml --set run.seed=0 --set policy.tiny.hidden_size=256 ... --out DIR
+  igrpo bootstrap configs/quickstart.yaml --set run.seed=0 --set policy.tiny.hidden_size=256 ...
+      --set bootstrap.sft_args.learning_rate=1e-3 --out DIR      # ~12 min on 2 cores; 2e-3 trains it badly
 
   python bench/prm_study.py --run runs/experiments/verifier-s0          # ~15 min on 2 cores
   python bench/prm_study.py --run ... --only default --only hard        # some variants
