@@ -104,20 +104,23 @@ def _looks_local(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or path.suffix == ".gguf" or path.exists()
 
 
-def check_model_available(spec: str, field: str = "policy.model", timeout: float = 10.0) -> None:
+def check_model_available(spec: str, field: str = "policy.model", timeout: float = 10.0) -> tuple[str, str | None]:
     """Fail fast on a model spec that cannot load: `resolve_spec`'s checks, and for a hub id a local cached
     copy or, online, the hub's answer within `timeout` seconds (a typo'd local path without ``./`` is a hub id,
     and loading it would wait on the network, or fail only after the run has started).
+
+    Returns:
+        `resolve_spec(spec)`: the ``from_pretrained`` path or id and the gguf file name or None.
 
     Raises:
         FileNotFoundError: naming `field`, the spec, and how local paths and hub ids are told apart.
     """
     try:
-        resolve_spec(spec)  # a local path, a GGUF file, a package: its own errors, with the field that named it
+        resolved = resolve_spec(spec)  # a local path, a GGUF file, a package: its own errors, with the field
     except (FileNotFoundError, ValueError) as e:
         raise type(e)(f"{field}: {e}") from None
     if spec.startswith("package:") or _looks_local(spec):
-        return
+        return resolved
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
 
@@ -128,7 +131,7 @@ def check_model_available(spec: str, field: str = "policy.model", timeout: float
 
     try:
         if isinstance(try_to_load_from_cache(spec, "config.json"), str):
-            return  # cached: loads offline
+            return resolved  # cached: loads offline
     except HFValidationError as e:
         raise missing(f"but it is not a valid hub id either ({e})") from None
     if constants.HF_HUB_OFFLINE:
@@ -139,6 +142,7 @@ def check_model_available(spec: str, field: str = "policy.model", timeout: float
         raise missing("and the hub has no such model") from None
     except Exception as e:  # no network, a timeout, a proxy: loading would wait on it too
         raise missing(f"and the hub cannot be reached ({type(e).__name__}: {e}) with no cached copy of it") from None
+    return resolved
 
 
 def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, where: str) -> PreTrainedTokenizerBase:

@@ -311,10 +311,9 @@ def _problems(cfg: PipelineConfig) -> str:
 
 
 def _model(spec: str, field: str) -> str:
-    from models.factories import check_model_available, resolve_spec
+    from models.factories import check_model_available
 
-    check_model_available(spec, field)
-    path, gguf = resolve_spec(spec)
+    path, gguf = check_model_available(spec, field)
     return f"{path}/{gguf}" if gguf else path
 
 

@@ -210,8 +210,8 @@ def test_reward_models_start_afresh_from_the_configured_backbone_not_the_policy(
     run_dir = tmp / "rm-backbone-run"
     write_shard(corrupted_rows(ps, ps.train[:40], 0), RunDir(run_dir).shard(0))
     write_shard([{**r, "round": 1} for r in corrupted_rows(ps, ps.train[40:70], 1)], RunDir(run_dir).shard(1))
-    with_backbone = config_from_dict(cfg.model_dump(mode="json"), [f"reward_model.model={wide}", "reward_model.kinds=[prm]"],
-                                    check_trl=False)
+    with_backbone = config_from_dict(cfg.model_dump(mode="json"),
+                                     [f"reward_model.model={wide}", "reward_model.kinds=[prm]"], check_trl=False)
 
     def began_from_backbone(spy) -> bool:  # every backbone weight at train begin is the saved backbone's
         inner = {k.split(".", 1)[1]: v for k, v in spy.weights.items() if k.startswith("model.")}
