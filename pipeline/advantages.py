@@ -1,5 +1,5 @@
 """GRPO advantages: outcome supervision (one scalar per completion), process supervision (per step, sum or
-min credit), hybrid (outcome plus weighted process), Online RFT.
+min credit, normalised over the group or per step position), hybrid (outcome plus weighted process), Online RFT.
 
 Both follow DeepSeekMath (arXiv 2402.03300) §4.1.2 and §4.1.3, with TRL's numerical conventions so that
 outcome advantages computed here equal the ones `GRPOTrainer` computes itself:
@@ -29,6 +29,8 @@ STD_EPS = 1e-4
 SCALES = ("group", "batch", "none")
 CREDITS = ("sum", "min")
 """How a token's process advantage gathers the normalised rewards of the steps ending at or after it."""
+BASELINES = ("group", "position")
+"""Which steps a step reward is normalised with: every step of its group, or the group's steps at its index."""
 
 
 def _check_group_size(batch_size: int, group_size: int) -> None:
@@ -145,7 +147,11 @@ def _validate_process_inputs(
 
 
 def _normalised_steps(
-    step_rewards: Sequence[Sequence[float]], step_ends: Sequence[Sequence[int]], group_size: int, scale: str
+    step_rewards: Sequence[Sequence[float]],
+    step_ends: Sequence[Sequence[int]],
+    group_size: int,
+    scale: str,
+    baseline: str = "group",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Every step of the batch flattened, (S,) each: its completion, its end token, its normalised reward."""
     batch_size = len(step_rewards)
@@ -158,21 +164,28 @@ def _normalised_steps(
     reward = torch.tensor([float(r) for rs in step_rewards for r in rs], dtype=torch.float64)  # (S,)
     end = torch.tensor([int(e) for es in step_ends for e in es], dtype=torch.long)  # (S,)
 
-    # Per-group mean and unbiased std over all steps of the group (segment sums, no Python loop).
-    num_groups = batch_size // group_size
-    n = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, torch.ones_like(reward))  # (N,)
-    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, reward)  # (N,)
-    mean = total / n.clamp(min=1)  # (N,)  groups without steps never get read below
-    centred = reward - mean[group]  # (S,)
+    # The segment a step is normalised in: its group, or its group and its index in the completion.
+    num_segments = batch_size // group_size
+    segment = group  # (S,)
+    if baseline == "position":
+        width = int(counts.max()) if batch_size else 0
+        index = torch.arange(len(reward)) - (counts.cumsum(0) - counts)[completion]  # (S,) 0, 1, ... per completion
+        num_segments, segment = num_segments * width, group * width + index
+
+    # Per-segment mean and unbiased std (segment sums, no Python loop).
+    n = torch.zeros(num_segments, dtype=torch.float64).index_add_(0, segment, torch.ones_like(reward))  # (N,)
+    total = torch.zeros(num_segments, dtype=torch.float64).index_add_(0, segment, reward)  # (N,)
+    mean = total / n.clamp(min=1)  # (N,)  segments without steps never get read below
+    centred = reward - mean[segment]  # (S,)
     if scale == "none":
         normalised = centred
     elif scale == "batch":
         std = reward.std() if reward.numel() > 1 else reward.new_zeros(())  # () over every step of the batch
         normalised = centred / (std + STD_EPS)
     else:
-        squares = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, centred**2)
+        squares = torch.zeros(num_segments, dtype=torch.float64).index_add_(0, segment, centred**2)
         std = torch.where(n > 1, (squares / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(n))  # (N,)
-        normalised = centred / (std[group] + STD_EPS)  # (S,)
+        normalised = centred / (std[segment] + STD_EPS)  # (S,)
     return completion, end, normalised
 
 
@@ -183,6 +196,7 @@ def process_advantages(
     group_size: int,
     scale: str = "group",
     credit: str = "sum",
+    baseline: str = "group",
 ) -> Tensor:
     """Per-token advantages from per-step PRM rewards (DeepSeekMath §4.1.3, process supervision).
 
@@ -210,6 +224,17 @@ def process_advantages(
     Worked example, the same group: output 1's tokens get -0.545 (step 1: min of all four), 0.726, 0.726,
     0.726 by step; output 2's [-0.545, -1.816] give -1.816 on both steps; output 3 gets 0.726.
 
+    `baseline="position"` normalises each step only with the group's steps at the same index j (the j-th
+    steps of the G completions), mean and std as above. A PRM whose scores fall with a step's position
+    whatever it says (seen with SmolLM2 on ~100 first-error rows a round, README) gives DeepSeekMath's pooled
+    baseline a fixed schedule, early steps above the mean and the `Answer:` line below it in every
+    completion; per position that prior cancels and only the ranking of the same step across completions
+    is left. A step no other completion of the group reaches has no one to compare with: 0.
+    Worked example, the same group: index 0 holds [0.5, 0.5, 1] (mean 0.667, std 0.289), index 1 [1, 0]
+    (mean 0.5, std 0.707), indices 2 and 3 one step each. Normalised: output 1 [-0.577, 0.707, 0, 0], its
+    tokens get 0.130, 0.707, 0, 0 by step (sum); output 2 [-0.577, -0.707] gives -1.284, -0.707; output 3
+    gets 1.154.
+
     Args:
         step_rewards: B lists; `step_rewards[i][j]` is the PRM reward of step j of completion i. A
             completion with no steps gets an all-zero row and does not count in its group's statistics.
@@ -219,21 +244,25 @@ def process_advantages(
         group_size: G, completions per prompt; B must be a multiple of it.
         scale: "group" (default), "batch" or "none".
         credit: "sum" (default, DeepSeekMath) or "min" (PURE).
+        baseline: "group" (default, DeepSeekMath: every step of the group) or "position".
 
     Returns:
         (B, T) float32 advantages, ready for TRL's `(B, T)` advantages hook.
 
     Raises:
         ValueError: mismatched list lengths, step ends not increasing or out of range, or a non-finite
-            reward (naming completion i and step j); a bad `group_size`, `length`, `scale` or `credit`.
+            reward (naming completion i and step j); a bad `group_size`, `length`, `scale`, `credit` or
+            `baseline`.
     """
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     if credit not in CREDITS:
         raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
     _validate_process_inputs(step_rewards, step_ends, length, group_size)
     batch_size = len(step_rewards)
-    completion, end, normalised = _normalised_steps(step_rewards, step_ends, group_size, scale)  # (S,) each
+    completion, end, normalised = _normalised_steps(step_rewards, step_ends, group_size, scale, baseline)  # (S,) each
 
     # Put each normalised reward at its step's last token, then a reverse cumulative sum (min) along T
     # gives every token the sum (min) over the steps ending at or after it, and 0 after the last step end.

@@ -172,6 +172,9 @@ class SupervisionConfig(Section):
     process_credit: Literal["sum", "min"] = Field("sum", description=(
         "Process and hybrid mode: a token's process advantage is the sum (DeepSeekMath §4.1.3) or the min "
         "(PURE, arXiv 2504.15275) of the normalised rewards of the steps ending at or after it."))
+    process_baseline: Literal["group", "position"] = Field("group", description=(
+        "Process and hybrid mode: a step's PRM reward is normalised with every step of its group (DeepSeekMath "
+        "§4.1.3) or with the group's steps at the same index only, so a PRM's prior over positions cancels."))
     prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
 
     @model_validator(mode="before")
@@ -209,8 +212,9 @@ class SupervisionConfig(Section):
     def _process_fields_used(self):
         # A knob the mode never reads would look as if it did something: refuse it (values, not fields set,
         # so a stored config with every default written out still loads).
-        default = {name: type(self).model_fields[name].default for name in ("process_weight", "process_credit")}
-        used_by = {"process_weight": ("hybrid",), "process_credit": ("process", "hybrid")}
+        used_by = {"process_weight": ("hybrid",), "process_credit": ("process", "hybrid"),
+                   "process_baseline": ("process", "hybrid")}
+        default = {name: type(self).model_fields[name].default for name in used_by}
         for name, modes in used_by.items():
             if getattr(self, name) != default[name] and self.mode not in modes:
                 raise ValueError(f"{name} {getattr(self, name)!r} is only used in {' and '.join(modes)} mode, not in "

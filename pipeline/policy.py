@@ -129,10 +129,12 @@ class ProcessGRPOTrainer(GRPOTrainer):
         supervision: "outcome" (TRL unchanged), "process", "hybrid" or "rft".
         process_credit: "sum" (DeepSeekMath) or "min" (PURE), process and hybrid mode.
         process_weight: w of hybrid mode, >= 0.
+        process_baseline: "group" (DeepSeekMath) or "position", process and hybrid mode.
     """
 
     def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str = "outcome",
-                 process_credit: str = "sum", process_weight: float = 1.0, **kwargs):
+                 process_credit: str = "sum", process_weight: float = 1.0, process_baseline: str = "group",
+                 **kwargs):
         if supervision not in ("outcome", "process", "hybrid", "rft"):
             raise ValueError(f"supervision must be 'outcome', 'process', 'hybrid' or 'rft', got {supervision!r}")
         if supervision in ("process", "hybrid") and prm_scorer is None:
@@ -140,6 +142,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.prm_scorer, self.supervision = prm_scorer, supervision
         self.process_credit, self.process_weight = process_credit, process_weight
+        self.process_baseline = process_baseline
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Kept for rft mode: TRL returns the rewards gathered over processes, (B_all, num_funcs).
@@ -187,7 +190,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         width = max([ids.shape[1], *all_lengths])
         ends = extend_last_step(all_ends, all_lengths)  # the eos carries the last step's reward
-        adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards, self.process_credit)
+        adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards, self.process_credit,
+                                 self.process_baseline)
         mode = "train" if self.model.training else "eval"
         for key, value in process_metrics(all_scores, group_size).items():
             self._metrics[mode][key].append(value)
@@ -295,6 +299,7 @@ def run_policy_phase(
         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
         prm_scorer=prm, supervision=mode,
         process_credit=cfg.supervision.process_credit, process_weight=cfg.supervision.process_weight,
+        process_baseline=cfg.supervision.process_baseline,
     )
     for scorer in scorers.values():  # on this process's device (its own GPU under accelerate launch)
         scorer.model.to(trainer.accelerator.device)

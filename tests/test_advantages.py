@@ -99,20 +99,23 @@ def unbiased_std(values):
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def process_advantages_loop(step_rewards, step_ends, length, group_size, scale="group", credit="sum"):
+def process_advantages_loop(step_rewards, step_ends, length, group_size, scale="group", credit="sum",
+                            baseline="group"):
     """Plain-loop reference for `process_advantages`, written straight from DeepSeekMath §4.1.3 (TRL's
-    scale_rewards carried over: the group's std, the whole batch's, or none) and PURE's min form."""
+    scale_rewards carried over: the group's std, the whole batch's, or none), PURE's min form, and the
+    per-position baseline (the group's steps at the same index)."""
     adv = [[0.0] * length for _ in step_rewards]
     every = [r for rs in step_rewards for r in rs]
     for start in range(0, len(step_rewards), group_size):
-        pooled = [r for rs in step_rewards[start : start + group_size] for r in rs]
-        if not pooled:
-            continue
-        mean = sum(pooled) / len(pooled)
-        divisor = {"group": unbiased_std(pooled) + 1e-4, "batch": unbiased_std(every) + 1e-4, "none": 1.0}[scale]
+        group = step_rewards[start : start + group_size]
         for i in range(start, start + group_size):
+            normalised = []
+            for j, r in enumerate(step_rewards[i]):
+                pooled = [x for rs in group for x in rs] if baseline == "group" else [rs[j] for rs in group if j < len(rs)]
+                divisor = {"group": unbiased_std(pooled) + 1e-4, "batch": unbiased_std(every) + 1e-4, "none": 1.0}[scale]
+                normalised.append((r - sum(pooled) / len(pooled)) / divisor)
             for t in range(length):
-                ahead = [(r - mean) / divisor for r, end in zip(step_rewards[i], step_ends[i]) if end >= t]
+                ahead = [r for r, end in zip(normalised, step_ends[i]) if end >= t]
                 if credit == "sum":
                     adv[i][t] = sum(ahead)
                 elif ahead:  # min; no step at or after t: 0
@@ -143,9 +146,10 @@ def test_process_worked_example():
     torch.testing.assert_close(adv[2], expected_3, atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("baseline", ["group", "position"])
 @pytest.mark.parametrize("credit", ["sum", "min"])
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
-def test_process_matches_loop_reference_on_random_inputs(scale, credit):
+def test_process_matches_loop_reference_on_random_inputs(scale, credit, baseline):
     rng = random.Random(0)
     for _ in range(50):
         group_size = rng.randint(1, 4)
@@ -156,8 +160,8 @@ def test_process_matches_loop_reference_on_random_inputs(scale, credit):
             k = rng.randint(0, min(5, length))
             step_ends.append(sorted(rng.sample(range(length), k)))
             step_rewards.append([rng.choice([0.0, 1.0, rng.random()]) for _ in range(k)])
-        fast = process_advantages(step_rewards, step_ends, length, group_size, scale, credit)
-        slow = process_advantages_loop(step_rewards, step_ends, length, group_size, scale, credit)
+        fast = process_advantages(step_rewards, step_ends, length, group_size, scale, credit, baseline)
+        slow = process_advantages_loop(step_rewards, step_ends, length, group_size, scale, credit, baseline)
         torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-5)
 
 
@@ -244,6 +248,37 @@ def test_process_min_credit_rows_without_steps_and_the_eos():
     assert torch.equal(adv[1], torch.zeros(8)) and torch.equal(adv[2], torch.zeros(8))
     with pytest.raises(ValueError, match="credit must be one of"):
         process_advantages([[1.0]], [[0]], 2, 1, credit="max")
+
+
+def test_process_position_baseline_worked_example():
+    # Index 0 holds [0.5, 0.5, 1]: mean 0.6667, std 0.2887 (+1e-4), normalised -0.5771, -0.5771, 1.1543;
+    # index 1 holds [1, 0]: mean 0.5, std 0.7071, normalised 0.7070, -0.7070; indices 2 and 3 hold one step
+    # each (output 1's), with nothing to compare to: 0.
+    adv = process_advantages(WORKED_REWARDS, WORKED_ENDS, length=12, group_size=3, baseline="position")
+    # Output 1 (ends 2, 5, 8, 11), summed: -0.5771 + 0.7070 = 0.1299, then 0.7070, then 0 and 0.
+    torch.testing.assert_close(adv[0], torch.tensor([0.1299] * 3 + [0.7070] * 3 + [0.0] * 6), atol=1e-4, rtol=0)
+    # Output 2 (ends 3, 7): -0.5771 - 0.7070 = -1.2841, then -0.7070; output 3 (end 4): 1.1543.
+    torch.testing.assert_close(adv[1], torch.tensor([-1.2841] * 4 + [-0.7070] * 4 + [0.0] * 4), atol=1e-4, rtol=0)
+    torch.testing.assert_close(adv[2], torch.tensor([1.1543] * 5 + [0.0] * 7), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        process_advantages(WORKED_REWARDS, WORKED_ENDS, 12, 3, baseline="step")
+
+
+@pytest.mark.parametrize("credit", ["sum", "min"])
+def test_process_position_baseline_cancels_a_prm_that_scores_only_the_position(credit):
+    # A PRM that scores a step by where it sits, whatever it says (0.9, 0.6, 0.3 for steps 1-3): pooled over
+    # the group (DeepSeekMath) that is a fixed schedule, the same in every completion, pushing every
+    # completion's first tokens up and its last step down; per position it is no signal at all.
+    rewards, ends = [[0.9, 0.6, 0.3]] * 4, [[2, 5, 8]] * 4
+    pooled = process_advantages(rewards, ends, 9, 4, credit=credit)
+    assert torch.equal(pooled[0], pooled[3]) and pooled[:, 6:].max() < -1  # the last step: below the mean
+    assert torch.equal(process_advantages(rewards, ends, 9, 4, credit=credit, baseline="position"), torch.zeros(4, 9))
+    # A step scored above the others at its own position still stands out: completion 2's second step
+    # (min credit: its tokens see min(that step, the last step's 0) = 0, the others' below 0).
+    rewards = [[0.9, 0.6, 0.3], [0.9, 0.6, 0.3], [0.9, 0.8, 0.3], [0.9, 0.6, 0.3]]
+    adv = process_advantages(rewards, ends, 9, 4, credit=credit, baseline="position")
+    others = adv[[0, 1, 3], 3]
+    assert (others < 0).all() and adv[2, 3] >= 0 and torch.equal(adv[:, 6:], torch.zeros(4, 3))
 
 
 # ---------------------------------------------------------------------------------------------- hybrid

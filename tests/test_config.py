@@ -156,6 +156,9 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"supervision": {"mode": "process", "process_weight": 2.0}}, "supervision: process_weight 2.0 is only used in hybrid mode, not in process"),
         ({"supervision": {"mode": "rft", "process_credit": "min"}},
          "supervision: process_credit 'min' is only used in process and hybrid mode, not in rft mode"),
+        ({"supervision": {"mode": "outcome", "process_baseline": "position"}},
+         "supervision: process_baseline 'position' is only used in process and hybrid mode, not in outcome mode"),
+        ({"supervision": {"process_baseline": "step"}}, "supervision.process_baseline: Input should be 'group' or 'position'"),
         ({"reward_model": {"kinds": ["prm", "value"]}}, "reward_model.kinds: unknown reward model kind 'value'; known: prm, orm"),
         # half a local override of the hub would read the hub's test split against local training rows
         ({"problems": {"kind": "gsm8k", "gsm8k": {"hub_name": "openai/gsm8k", "train_path": "t.jsonl"}}},
@@ -238,11 +241,12 @@ def test_an_old_run_directorys_config_reads_as_todays_defaults():
 def test_hybrid_config_and_the_reward_models_it_loads():
     from typing import get_args
 
-    from pipeline.advantages import CREDITS
+    from pipeline.advantages import BASELINES, CREDITS
     from pipeline.config import SupervisionConfig
     from pipeline.policy import reward_models_needed
 
     assert get_args(SupervisionConfig.model_fields["process_credit"].annotation) == CREDITS  # one list of credits
+    assert get_args(SupervisionConfig.model_fields["process_baseline"].annotation) == BASELINES
     cfg = config_from_dict({"supervision": {"mode": "hybrid", "process_weight": 0.3, "process_credit": "min"}},
                            check_trl=False)
     assert (cfg.supervision.process_weight, cfg.supervision.process_credit) == (0.3, "min")
@@ -253,10 +257,12 @@ def test_hybrid_config_and_the_reward_models_it_loads():
     assert reward_models_needed(with_orm) == {"prm": "hybrid supervision", "orm": "supervision.rewards.orm > 0"}
     # Defaults, and values equal to them, load in every mode (a stored config writes every field out).
     for mode in ("outcome", "process", "hybrid", "rft"):
-        cfg = config_from_dict({"supervision": {"mode": mode, "process_weight": 1.0, "process_credit": "sum"}},
-                               check_trl=False)
+        cfg = config_from_dict({"supervision": {"mode": mode, "process_weight": 1.0, "process_credit": "sum",
+                                                "process_baseline": "group"}}, check_trl=False)
         assert cfg.supervision.mode == mode
     assert config_from_dict({"supervision": {"process_credit": "min"}}, check_trl=False).supervision.mode == "process"
+    assert config_from_dict({"supervision": {"mode": "hybrid", "process_baseline": "position"}},
+                            check_trl=False).supervision.process_baseline == "position"
     # w = 0 is allowed (the verifier arm, through the hybrid code path).
     assert config_from_dict({"supervision": {"mode": "hybrid", "process_weight": 0}}, check_trl=False)
 

@@ -61,19 +61,26 @@ def reference_steps(tok, prm, prompt: str, row: list[int]) -> list[tuple[int, fl
     return out
 
 
-def reference_advantages(tok, prm, rows: list[list[int]], scale: str, credit: str = "sum") -> list[list[float]]:
-    """Normalised per group (or batch) and summed (or, min credit, their minimum) over the steps ending at or
-    after each token, 0 where none is; a cut (masked) completion has no steps."""
+def reference_advantages(tok, prm, rows: list[list[int]], scale: str, credit: str = "sum",
+                         baseline: str = "group") -> list[list[float]]:
+    """Normalised per group (or batch; with the position baseline, among the group's steps at the same index)
+    and summed (or, min credit, their minimum) over the steps ending at or after each token, 0 where none is;
+    a cut (masked) completion has no steps."""
     prompts = [PROMPT] * 4 + [PROMPT_B] * 4
     steps = [reference_steps(tok, prm, p, row) if row[-1] == tok.eos_token_id else [] for p, row in zip(prompts, rows)]
     every = [s for row in steps for _, s in row]
     width = max(map(len, rows))
     out = []
     for i, row in enumerate(steps):
-        group = [s for r in steps[4 * (i // 4) : 4 * (i // 4) + 4] for _, s in r]
-        mean = statistics.fmean(group)
-        std = {"group": statistics.stdev(group), "batch": statistics.stdev(every), "none": None}[scale]
-        norm = [(e, s - mean if std is None else (s - mean) / (std + 1e-4)) for e, s in row]
+        norm = []
+        for j, (e, s) in enumerate(row):
+            peers = steps[4 * (i // 4) : 4 * (i // 4) + 4]
+            group = [x for _, x in (r[j] for r in peers if j < len(r))] if baseline == "position" else \
+                [x for r in peers for _, x in r]
+            mean = statistics.fmean(group)
+            std = {"group": statistics.stdev(group) if len(group) > 1 else 0.0, "batch": statistics.stdev(every),
+                   "none": None}[scale]
+            norm.append((e, s - mean if std is None else (s - mean) / (std + 1e-4)))
         ahead = [[r for e, r in norm if e >= t] for t in range(width)]
         out.append([sum(a) if credit == "sum" else min(a, default=0.0) for a in ahead])
     return out
@@ -248,7 +255,7 @@ def test_rft_logs_the_advantages_it_used(tmp_path):
 @pytest.fixture(scope="module")
 def hybrid_runs(tmp_path_factory):
     """Real GRPO steps on the designed completions (char tokenizer): hybrid with min credit at w = 0.5 and
-    batch scale, hybrid at w = 0, and outcome mode, with one PRM."""
+    batch scale, hybrid at w = 0, process mode with the per-position baseline, and outcome mode, one PRM."""
     from models import load_reward_model
 
     tok = tokenizer_of("char")
@@ -259,6 +266,7 @@ def hybrid_runs(tmp_path_factory):
             for name, mode, scale, kw in (
                 ("min", "hybrid", "batch", {"process_credit": "min", "process_weight": 0.5}),
                 ("w0", "hybrid", None, {"process_weight": 0.0}),
+                ("position", "process", None, {"process_baseline": "position"}),
                 ("outcome", "outcome", None, {}))}
     rewards = [float("72" in tok.decode(r, skip_special_tokens=True)) for r in rows]  # [1, 0, 0, 0, 1, 1, 1, 0]
     return {**runs, "tok": tok, "rows": rows, "prm": prm, "rewards": rewards}
@@ -279,6 +287,16 @@ def test_hybrid_advantages_are_trls_outcome_plus_weighted_process(hybrid_runs):
     assert max(abs(o) for o in outcome) > 0.1 and max(abs(p) for r in process[:4] for p in r) > 0.1
     # TRL's completions table shows the hybrid advantage of each completion's first token.
     assert run["table"] == pytest.approx(adv[:, 0].tolist(), abs=1e-6)
+
+
+def test_process_position_baseline_normalises_each_step_with_the_groups_steps_at_its_index(hybrid_runs):
+    """`supervision.process_baseline: position` reaches the trainer: the advantages are the plain loop's with
+    each step normalised among the group's steps at the same index, not the pooled DeepSeekMath ones."""
+    run, tok, rows = hybrid_runs["position"], hybrid_runs["tok"], hybrid_runs["rows"]
+    want = reference_advantages(tok, hybrid_runs["prm"], rows, "group", baseline="position")
+    pooled = reference_advantages(tok, hybrid_runs["prm"], rows, "group")
+    assert run["advantages"].tolist() == [pytest.approx(w, abs=1e-5) for w in want]
+    assert max(abs(a - b) for w, p in zip(want, pooled) for a, b in zip(w, p)) > 0.1
 
 
 def test_hybrid_logs_its_advantages_and_the_prm_share_of_their_variance(hybrid_runs):
