@@ -72,11 +72,13 @@ def reference_advantages(tok, prm, rows: list[list[int]], scale: str, credit: st
     width = max(map(len, rows))
     out = []
     for i, row in enumerate(steps):
+        peers = steps[4 * (i // 4) : 4 * (i // 4) + 4]  # the group's completions, each a list of (end, score)
         norm = []
         for j, (e, s) in enumerate(row):
-            peers = steps[4 * (i // 4) : 4 * (i // 4) + 4]
-            group = [x for _, x in (r[j] for r in peers if j < len(r))] if baseline == "position" else \
-                [x for r in peers for _, x in r]
+            if baseline == "position":
+                group = [r[j][1] for r in peers if j < len(r)]
+            else:
+                group = [x for r in peers for _, x in r]
             mean = statistics.fmean(group)
             std = {"group": statistics.stdev(group) if len(group) > 1 else 0.0, "batch": statistics.stdev(every),
                    "none": None}[scale]
