@@ -14,7 +14,8 @@ on two sets:
 
 Variants: default (the run's settings), hard (HE targets), lr1e-4 / lr1e-3, epochs3 / epochs12, cold (each
 round from the policy, not the previous PRM), half (half the round's training rows: is it data-bound?),
-balanced (samples with a step HE labels wrong oversampled to half the rows: class balance), and two pairs,
+balanced (samples with a step HE labels wrong oversampled to half the rows: class balance), gold (the same rows
+with their exact step labels instead of the MC ones: what the MC labels' errors cost), and two pairs,
 hard+lr1e-4 and hard+epochs12. `--set KEY=VALUE` runs every variant with one more override, kept apart under
 the name `<variant>+KEY=VALUE`. The backbone is the round's policy unless `--set reward_model.model=DIR` gives
 another, e.g. a wider and deeper tiny model SFT'd on the same data (backbone capacity):
@@ -58,8 +59,9 @@ VARIANTS: dict[str, list[str]] = {
     "hard+epochs12": ["reward_model.target=hard", "reward_model.train_args.num_train_epochs=12"],
     "half": [],
     "balanced": [],
+    "gold": [],
 }
-ROW_CHANGES = {"half", "balanced"}  # variants that change the training rows, not the config
+ROW_CHANGES = {"half", "balanced", "gold"}  # variants that change the training rows, not the config
 
 
 def training_rows(variant: str, rows: list[dict], seed: int) -> list[dict]:
@@ -74,6 +76,11 @@ def training_rows(variant: str, rows: list[dict], seed: int) -> list[dict]:
         if wrong and len(wrong) < len(right):
             wrong = wrong + rng.choices(wrong, k=len(right) - len(wrong))
         return right + wrong
+    if variant == "gold":
+        # The exact step labels instead of the MC ones, on the same rows: how much do the MC labels' errors cost?
+        if any(r["gold_labels"] is None for r in rows):
+            raise SystemExit("variant gold: the run's problem set has no gold step labels")
+        return [r | {"he_labels": r["gold_labels"], "se_labels": r["gold_labels"]} for r in rows]
     return rows
 
 
