@@ -10,9 +10,10 @@ x `process_credit`. Each is compared over the tokens in the loss with two refere
             `reward_model.oracle: gold` trains on, and that learns on SmolLM2 (README)
   verifier  TRL's outcome advantages (group scale) on every token
 
-by cosine (does the update point the reference's way? the policy gradient is linear in the advantages), and by
-the RMS of the advantages (how far a step moves). The PRM's within-position step AUC against gold on the same
-samples is printed too. A setting whose cosine with the oracle is near 0 trains on noise, whatever its scale.
+by cosine (a proxy for whether the update points the reference's way: the policy gradient is linear in the
+advantages, though the tokens' gradients are not orthogonal), and by the RMS of the advantages (their scale). The
+PRM's within-position step AUC against gold on the same samples is printed too. A setting whose cosine with the
+oracle is near 0 gives the policy noise to follow, whatever its scale.
 
     python bench/credit_alignment.py runs/smollm2-arith-position --round 0 --prompts 100
     python bench/credit_alignment.py runs/smollm2-arith-position --round 1 --prm runs/other/round-001/reward_model/prm
@@ -29,7 +30,15 @@ from pathlib import Path
 import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
 import torch
 
-from pipeline.advantages import BASELINES, CREDITS, SCALES, extend_last_step, outcome_advantages, process_advantages
+from pipeline.advantages import (
+    BASELINES,
+    CREDITS,
+    SCALES,
+    extend_last_step,
+    loss_tokens,
+    outcome_advantages,
+    process_advantages,
+)
 from pipeline.config import config_from_dict, grpo_config
 from pipeline.generation import load_sampling_model, sample
 from pipeline.policy import completion_steps, dedupe_steps
@@ -38,11 +47,6 @@ from pipeline.prompts import renderer_from_config
 from pipeline.reward_model import load_scorer, within_position_auc
 from pipeline.rundir import RunDir
 from pipeline.scorers import GoldStepScorer
-
-
-def loss_tokens(adv: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """The advantages of the tokens in the loss, row after row; a (B,) advantage applies to every token."""
-    return torch.cat([(adv[i, :n] if adv.dim() == 2 else adv[i].expand(n)).double() for i, n in enumerate(lengths)])
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -63,27 +67,31 @@ def main() -> None:
     problems = problem_set.test[: args.prompts]
     with tempfile.TemporaryDirectory() as tmp:
         grpo = grpo_config(cfg, tmp)  # TRL's values where the config leaves them unset
-    group = grpo.num_generations
+    group, mask_truncated = grpo.num_generations, grpo.mask_truncated_completions
 
     model, tokenizer = load_sampling_model(str(run.policy(args.round)))
     prompts = [renderer_from_config(cfg, tokenizer).render(p) for p in problems]
     got = sample(model, tokenizer, prompts, group, temperature=grpo.temperature,
                  max_new_tokens=grpo.max_completion_length, batch_size=cfg.collect.batch_size, seed=args.seed)
     rows, row_prompts, outcomes = [], [], []
-    for prompt, problem, ids_list, counts in zip(prompts, problems, got.ids, got.num_tokens):
-        for ids, k in zip(ids_list, counts):
-            ids = ids + [tokenizer.eos_token_id] * (k > len(ids))  # TRL's completion keeps its eos
-            rows.append(completion_steps(tokenizer, ids, len(ids)))
+    for prompt, problem, ids_list, counts, texts in zip(prompts, problems, got.ids, got.num_tokens, got.texts):
+        for ids, k, text in zip(ids_list, counts, texts):
+            stopped = k > len(ids)
+            ids = ids + [tokenizer.eos_token_id] * stopped  # TRL's completion keeps its eos
+            # A truncated completion is out of the loss (and unscored) under grpo.mask_truncated_completions.
+            rows.append(completion_steps(tokenizer, ids, len(ids) if stopped or not mask_truncated else 0))
             row_prompts.append(prompt)
-            outcomes.append(float(problem_set.is_correct(rows[-1].text, problem)))
+            outcomes.append(float(problem_set.is_correct(text, problem)))
     lengths = [r.length for r in rows]
     width = max(lengths)
 
     gold = GoldStepScorer(problem_set, dict(zip(prompts, problems)))
 
+    live = [i for i, r in enumerate(rows) if r.length]
+
     def steps(scorer) -> tuple[list[list[float]], list[list[int]]]:
-        scored = scorer.step_scores(row_prompts, [r.text for r in rows])
-        pairs = [dedupe_steps(s, r.ends) for s, r in zip(scored, rows)]
+        scored = dict(zip(live, scorer.step_scores([row_prompts[i] for i in live], [rows[i].text for i in live])))
+        pairs = [dedupe_steps(scored[i], r.ends) if r.length else ([], []) for i, r in enumerate(rows)]
         return [s for s, _ in pairs], extend_last_step([e for _, e in pairs], lengths)
 
     gold_labels, ends = steps(gold)

@@ -328,7 +328,7 @@ def advantage_stats(advantages: Tensor, lengths: Sequence[int]) -> dict[str, flo
     >>> advantage_stats(torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0]]), [2, 1])
     {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0}
     """
-    used = _loss_tokens(advantages, lengths)  # (tokens,)
+    used = loss_tokens(advantages, lengths)  # (tokens,)
     if used.numel() == 0:
         nan = float("nan")
         return {"mean": nan, "std": nan, "min": nan, "max": nan}
@@ -336,7 +336,7 @@ def advantage_stats(advantages: Tensor, lengths: Sequence[int]) -> dict[str, flo
     return {"mean": used.mean().item(), "std": std, "min": used.min().item(), "max": used.max().item()}
 
 
-def _loss_tokens(advantages: Tensor, lengths: Sequence[int], width: int | None = None) -> Tensor:
+def loss_tokens(advantages: Tensor, lengths: Sequence[int], width: int | None = None) -> Tensor:
     """The float64 advantages of the tokens in the loss (`t < lengths[i]`), row after row; a (B,) tensor is
     one advantage per completion, repeated over its tokens (`width` of them at most, default the longest)."""
     if advantages.dim() == 1:
@@ -404,8 +404,8 @@ def process_variance_share(outcome: Tensor, process: Tensor, weight: float, leng
     0.4286
     """
     _check_hybrid_inputs(outcome, process, weight)
-    o = _loss_tokens(outcome, lengths, width=process.shape[1])  # (tokens,)
-    p = weight * _loss_tokens(process, lengths)  # (tokens,)
+    o = loss_tokens(outcome, lengths, width=process.shape[1])  # (tokens,)
+    p = weight * loss_tokens(process, lengths)  # (tokens,)
     if o.numel() == 0:
         return float("nan")
     # Population variances: the normalisation cancels in the ratio; one token has variance 0, not NaN.
