@@ -53,6 +53,10 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()).clamp(min=1e-12))
 
 
+def rms(a: torch.Tensor) -> float:
+    return float(a.pow(2).mean().sqrt())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
@@ -97,7 +101,6 @@ def main() -> None:
     gold_labels, ends = steps(gold)
     oracle = loss_tokens(process_advantages(gold_labels, ends, width, group), lengths)
     verifier = loss_tokens(outcome_advantages(torch.tensor(outcomes), group), lengths)
-    rms = lambda a: float(a.pow(2).mean().sqrt())  # noqa: E731
 
     print(f"{args.run_dir} round {args.round}: {len(problems)} groups of {group} at T={grpo.temperature}; "
           f"verifier accuracy {sum(outcomes) / len(outcomes):.3f}")
