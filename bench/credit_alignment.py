@@ -41,7 +41,7 @@ from pipeline.advantages import (
 )
 from pipeline.config import config_from_dict, grpo_config
 from pipeline.generation import load_sampling_model, sample
-from pipeline.policy import completion_steps, dedupe_steps
+from pipeline.policy import completion_steps, scored_steps
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.reward_model import load_scorer, within_position_auc
@@ -91,11 +91,8 @@ def main() -> None:
 
     gold = GoldStepScorer(problem_set, dict(zip(prompts, problems)))
 
-    live = [i for i, r in enumerate(rows) if r.length]
-
     def steps(scorer) -> tuple[list[list[float]], list[list[int]]]:
-        scored = dict(zip(live, scorer.step_scores([row_prompts[i] for i in live], [rows[i].text for i in live])))
-        pairs = [dedupe_steps(scored[i], r.ends) if r.length else ([], []) for i, r in enumerate(rows)]
+        pairs = scored_steps(scorer, row_prompts, rows)  # as ProcessGRPOTrainer scores a batch
         return [s for s, _ in pairs], extend_last_step([e for _, e in pairs], lengths)
 
     gold_labels, ends = steps(gold)

@@ -85,6 +85,14 @@ def dedupe_steps(scores: list[float], ends: list[int]) -> tuple[list[float], lis
     return list(kept.values()), list(kept)
 
 
+def scored_steps(scorer, prompts: Sequence[str], rows: Sequence[CompletionSteps]) -> list[tuple[list[float], list[int]]]:
+    """Each completion's (step scores, step-end tokens) from `scorer` (a PRM, or the gold labels), one step per token
+    (`dedupe_steps`); a completion out of the loss (length 0) is not scored and has no steps."""
+    live = [i for i, r in enumerate(rows) if r.length]
+    by_row = dict(zip(live, scorer.step_scores([prompts[i] for i in live], [rows[i].text for i in live])))
+    return [dedupe_steps(by_row[i], r.ends) if r.length else ([], []) for i, r in enumerate(rows)]
+
+
 def prompt_texts(inputs: list[dict], tokenizer, template_kwargs: dict | None = None) -> list[str]:
     """The text each GRPO input's completions continue, as the PRM reads it: the dataset's `prompt_text`
     (`round_prompts`), else the prompt itself, rendered as TRL renders it when it is a conversation."""
@@ -181,11 +189,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
         from accelerate.utils import gather_object
 
         rows = [completion_steps(self.processing_class, r.tolist(), n) for r, n in zip(ids, lengths)]
-        live = [i for i, r in enumerate(rows) if r.length]  # a masked completion is not even scored
         prompts = prompt_texts(inputs, self.processing_class, self.chat_template_kwargs)
-        scored = self.prm_scorer.step_scores([prompts[i] for i in live], [rows[i].text for i in live])
-        by_row = dict(zip(live, scored))
-        steps = [dedupe_steps(by_row[i], r.ends) if r.length else ([], []) for i, r in enumerate(rows)]
+        steps = scored_steps(self.prm_scorer, prompts, rows)  # a masked completion is not even scored
         all_scores, all_ends = gather_object([s for s, _ in steps]), gather_object([e for _, e in steps])
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         width = max([ids.shape[1], *all_lengths])
