@@ -283,12 +283,24 @@ def reopen(run_id: str) -> None:
 
 @contextlib.contextmanager
 def active(run_id: str | None):
-    """Make `run_id` the active run (where Trainer's MLflow callback logs); no-op for None."""
+    """Make `run_id` the active run (where Trainer's MLflow callback logs); no-op for None.
+
+    Left by an exception, the run ends as `ending` ends it (KILLED when stopped), after `release_interrupted`,
+    and a store that fails then does not replace the exception: `mlflow.start_run`'s own exit would write
+    first, wait on the lock an interrupted read still holds, and raise SQLAlchemy's error instead of the stop.
+    """
     if run_id is None:
         yield
         return
-    with mlflow.start_run(run_id=run_id):
+    mlflow.start_run(run_id=run_id)
+    try:
         yield
+    except BaseException as e:
+        release_interrupted(e)
+        with contextlib.suppress(Exception):  # the stop or error matters more (`ending` tries again)
+            mlflow.end_run(end_status(e))
+        raise
+    mlflow.end_run()
     mlflow.flush_async_logging()
 
 

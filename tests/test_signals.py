@@ -108,12 +108,15 @@ def _terminated():
     return TerminationSignal(signal.SIGTERM)
 
 
+@pytest.mark.parametrize("in_active", [False, True], ids=["", "active"])
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, _terminated], ids=["SIGINT", "SIGTERM-in-a-flow"])
-def test_a_signal_inside_an_mlflow_read_still_ends_the_run_killed(mlflow_tmp, monkeypatch, stop):
+def test_a_signal_inside_an_mlflow_read_still_ends_the_run_killed(mlflow_tmp, monkeypatch, stop, in_active):
     """Seen in the RM phase: the signal landed in `mlflow.start_run`'s read of the run, just after SQLite had
     stepped the cursor. The cursor lived on in the exception's traceback with SQLite's shared lock, so ending the
     run KILLED waited MLflow's 20 s busy timeout, failed, and the run was left RUNNING (the stop's grace ran out
-    too)."""
+    too). "active": the same inside a phase's body, its run the active one (`tracking.active`), which ends it on
+    the way out before `ending` does: seen in collection, the wait then replaced the stop by SQLAlchemy's
+    "database is locked" and the run's last words were a traceback instead of how to resume."""
     from sqlalchemy.engine.default import DefaultDialect
 
     from pipeline import tracking
@@ -128,8 +131,8 @@ def test_a_signal_inside_an_mlflow_read_still_ends_the_run_killed(mlflow_tmp, mo
             monkeypatch.setattr(DefaultDialect, "do_execute", real)
             raise error  # where a signal handler raises: between two bytecodes, the cursor stepped
 
-    monkeypatch.setattr(DefaultDialect, "do_execute", interrupted)
-    with pytest.raises(type(error)), tracking.ending(run_id):
+    with pytest.raises(type(error)), tracking.ending(run_id), tracking.active(run_id if in_active else None):
+        monkeypatch.setattr(DefaultDialect, "do_execute", interrupted)
         client.get_run(run_id)
     assert client.get_run(run_id).info.status == "KILLED"
 
