@@ -298,10 +298,16 @@ def active(run_id: str | None):
     except BaseException as e:
         release_interrupted(e)
         with contextlib.suppress(Exception):  # the stop or error matters more (`ending` tries again)
-            mlflow.end_run(end_status(e))
+            _end_active(run_id, end_status(e))
         raise
-    mlflow.end_run()
+    _end_active(run_id, "FINISHED")
     mlflow.flush_async_logging()
+
+
+def _end_active(run_id: str, status: str) -> None:
+    """End `run_id` if it is still the active run (as `mlflow.start_run`'s exit: the body may have ended it)."""
+    if (run := mlflow.active_run()) is not None and run.info.run_id == run_id:
+        mlflow.end_run(status)
 
 
 def register_checkpoint(run_id: str, path: str | Path, name: str, round_index: int, pipeline_run: str) -> str:
