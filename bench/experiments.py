@@ -74,14 +74,17 @@ RM_ARMS = ("prm", "frozen", "noreplay", "exploit")
 # Hybrid supervision (verifier outcome advantage + w * PRM process advantage): a grid of credit and weight run
 # on the first seed only; the best of it (section 6) is then run on the other seeds with `--only <arm>`. Add
 # weights here to widen it. w = 1 gave the PRM term ~75% of the variance (2026-12-01, soft targets), so min at
-# w = 0.5 (~40% expected, still above the 20%) tries a larger verifier share.
-HYBRID_GRID = (("sum", 1.0), ("min", 1.0), ("min", 0.5))
-HYBRID_ARMS = tuple(f"hybrid-{credit}-w{w:g}" for credit, w in HYBRID_GRID)
+# w = 0.5 (~40% expected, still above the 20%) tries a larger verifier share. A third entry sets
+# `supervision.process_baseline` (default group: the group's steps pooled); per position, only the PRM's ranking
+# of a step among the group's steps at its index is left, the position prior of first-error labels cancelled.
+HYBRID_GRID = (("sum", 1.0), ("min", 1.0), ("min", 0.5), ("sum", 0.5, "position"))
+HYBRID_ARMS = tuple(f"hybrid-{g[0]}-w{g[1]:g}" + "".join(f"-{b}" for b in g[2:]) for g in HYBRID_GRID)
 ARMS = ("prm", "orm", "verifier", "rft", "frozen", "noreplay", "exploit", *HYBRID_ARMS, "oracle")
 LABELS = {"prm": "GRPO + PRM (process)", "orm": "GRPO + ORM (outcome)", "verifier": "GRPO + verifier (outcome)",
           "rft": "Online RFT (verifier)", "frozen": "PRM frozen at round 0", "noreplay": "PRM retrained, no replay",
           "exploit": "PRM frozen, exploitable",
-          **{arm: f"hybrid, {c} credit, w = {w:g}" for arm, (c, w) in zip(HYBRID_ARMS, HYBRID_GRID)},
+          **{arm: f"hybrid, {g[0]} credit, w = {g[1]:g}" + "".join(f", {b} baseline" for b in g[2:])
+             for arm, g in zip(HYBRID_ARMS, HYBRID_GRID)},
           "oracle": "GRPO + oracle PRM (gold step labels)"}
 # The exploit arm's planted flaw: the Answer line states the first step's result (`answer_slip`, the habit that
 # `sft_noise` gives 30% of the SFT data, so the round-0 policy already has it). In process mode the tokens that
@@ -119,8 +122,9 @@ def arm_overrides(arm: str, smoke: bool) -> list[str]:
         "rft": ["supervision.mode=rft"],
         "frozen": ["reward_model.retrain=false"],
         "noreplay": ["reward_model.replay_fraction=0"],
-        **{arm: ["supervision.mode=hybrid", f"supervision.process_credit={c}", f"supervision.process_weight={w:g}"]
-           for arm, (c, w) in zip(HYBRID_ARMS, HYBRID_GRID)},
+        **{arm: ["supervision.mode=hybrid", f"supervision.process_credit={g[0]}", f"supervision.process_weight={g[1]:g}",
+                 *(f"supervision.process_baseline={b}" for b in g[2:])]
+           for arm, g in zip(HYBRID_ARMS, HYBRID_GRID)},
         "oracle": ["reward_model.oracle=gold"],
         "exploit": ["reward_model.retrain=false", f"reward_model.exploit.pattern='{EXPLOIT['pattern']}'",
                     f"reward_model.exploit.bonus={EXPLOIT['bonus']}", f"reward_model.exploit.clip={EXPLOIT['clip']}"],
