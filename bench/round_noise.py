@@ -10,6 +10,11 @@ is the sampling noise alone.
 
     python bench/round_noise.py runs/smollm2-arith --rounds 0 1 2 --seeds 0 1
     python bench/round_noise.py runs/smollm2-arith --rounds 0 --policy runs/other/round-002/policy
+    python bench/round_noise.py runs/smollm2-arith --rounds 0 2 --fresh 300     # 400 problems: half the SE
+
+`--fresh N` adds N problems that neither of the run's splits holds (the embedded set only): its generator draws
+problems in a fixed order, test first, then train, so the N drawn after the run's `num_train` training problems
+are new to every policy trained on that run's problems (SFT, GRPO and collection read the train split only).
 """
 
 from __future__ import annotations
@@ -45,20 +50,34 @@ def per_problem(cfg, problem_set, problems: list, policy: Path, seed: int) -> di
     }
 
 
+def fresh_problems(cfg, n: int) -> list:
+    """`n` embedded problems drawn after the run's train split: in neither of its splits."""
+    if n == 0:
+        return []
+    if cfg.problems.kind != "arithmetic":
+        raise SystemExit("--fresh: only the embedded arithmetic set can draw problems beyond its splits")
+    arithmetic = cfg.problems.arithmetic.model_dump()
+    num_train = arithmetic["num_train"]
+    more = config_from_dict(cfg.model_dump() | {"problems": cfg.problems.model_dump() | {
+        "arithmetic": arithmetic | {"num_train": num_train + n}}})
+    return problem_set_from_config(more).train[num_train:]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path, help="the run whose config (and rounds) are evaluated")
     ap.add_argument("--rounds", type=int, nargs="+", default=[0], help="its rounds' policies, the first the baseline")
     ap.add_argument("--policy", type=Path, action="append", default=[], help="another policy checkpoint (repeatable)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="sampling seeds (the run's seed is added)")
+    ap.add_argument("--fresh", type=int, default=0, help="N more problems, in neither split (embedded set only)")
     args = ap.parse_args()
     cfg = config_from_dict(json.loads((args.run_dir / "manifest.json").read_text())["config"])
     problem_set = problem_set_from_config(cfg)
-    problems = problem_set.test[: cfg.eval.num_problems]
+    problems = problem_set.test[: cfg.eval.num_problems] + fresh_problems(cfg, args.fresh)
     run = RunDir(args.run_dir)
     policies = {f"round {r}": run.policy(r) for r in args.rounds} | {str(p): p for p in args.policy}
     names = list(policies)
-    print(f"{args.run_dir}: {cfg.eval.num_problems} problems, {cfg.eval.samples_per_problem} samples at "
+    print(f"{args.run_dir}: {len(problems)} problems ({args.fresh} of them fresh), {cfg.eval.samples_per_problem} samples at "
           f"T={cfg.eval.temperature}; differences against {names[0]}")
     print(f"{'seed':>4} {'policy':<44} {'metric':<8} {'value':>6} {'diff':>7} {'paired SE':>9} {'unpaired SE':>11}")
     diffs: dict[tuple[str, str], list[float]] = {}
