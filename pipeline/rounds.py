@@ -10,7 +10,6 @@ task wrapper as `step`; nothing here imports Prefect.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -415,15 +414,8 @@ def end_running(cfg: PipelineConfig, status: str) -> None:
             tracking.finish(run_id, status)
 
 
-@contextlib.contextmanager
 def _ending_recorded(cfg: PipelineConfig):
-    try:
-        yield
-    except BaseException as e:
-        tracking.release_interrupted(e)
-        with contextlib.suppress(Exception):  # the store may be gone too: the exception matters more
-            end_running(cfg, tracking.end_status(e))
-        raise
+    return tracking.ending_on_exception(lambda status: end_running(cfg, status))
 
 
 def abandon(cfg: PipelineConfig) -> None:

@@ -230,16 +230,25 @@ def end_status(error: BaseException | None) -> str:
 
 
 @contextlib.contextmanager
-def ending(*run_ids: str | None):
-    """Runs that the body leaves by an exception are ended FAILED or KILLED (`end_status`), not left RUNNING."""
+def ending_on_exception(end):
+    """The body left by an exception: `end(status)` (`end_status`: FAILED, or KILLED when stopped), after
+    `release_interrupted`; a store that fails then does not replace the exception, which matters more."""
     try:
         yield
     except BaseException as e:
         release_interrupted(e)
-        for run_id in filter(None, run_ids):
-            with contextlib.suppress(Exception):  # the store may be gone too: the exception matters more
-                finish(run_id, end_status(e))
+        with contextlib.suppress(Exception):
+            end(end_status(e))
         raise
+
+
+def ending(*run_ids: str | None):
+    """Runs that the body leaves by an exception are ended FAILED or KILLED (`end_status`), not left RUNNING."""
+    def end(status: str) -> None:
+        for run_id in filter(None, run_ids):
+            with contextlib.suppress(Exception):  # the store may be gone too: end the others all the same
+                finish(run_id, status)
+    return ending_on_exception(end)
 
 
 def release_interrupted(error: BaseException) -> None:
@@ -285,21 +294,16 @@ def reopen(run_id: str) -> None:
 def active(run_id: str | None):
     """Make `run_id` the active run (where Trainer's MLflow callback logs); no-op for None.
 
-    Left by an exception, the run ends as `ending` ends it (KILLED when stopped), after `release_interrupted`,
-    and a store that fails then does not replace the exception: `mlflow.start_run`'s own exit would write
-    first, wait on the lock an interrupted read still holds, and raise SQLAlchemy's error instead of the stop.
+    Left by an exception, the run ends as `ending` ends it (`ending_on_exception`): `mlflow.start_run`'s own
+    exit would write first, wait on the lock an interrupted read still holds, and raise SQLAlchemy's error
+    instead of the stop.
     """
     if run_id is None:
         yield
         return
     mlflow.start_run(run_id=run_id)
-    try:
+    with ending_on_exception(lambda status: _end_active(run_id, status)):
         yield
-    except BaseException as e:
-        release_interrupted(e)
-        with contextlib.suppress(Exception):  # the stop or error matters more (`ending` tries again)
-            _end_active(run_id, end_status(e))
-        raise
     _end_active(run_id, "FINISHED")
     mlflow.flush_async_logging()
 

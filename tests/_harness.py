@@ -29,6 +29,24 @@ NAME = "mini"  # run.name of mini_config
 # --- igrpo run in-process: user errors --------------------------------------------------------------------
 
 
+def load_bench(name: str):
+    """The script bench/<name>.py as a module, the session's environment and sys.path left as they were (the
+    scripts quiet tqdm and logging for themselves and put bench/ on the path)."""
+    import importlib.util
+
+    env, path = dict(os.environ), list(sys.path)
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path[:] = path
+
+
 def run_cli(tmp_path, capsys, data, *sets: str) -> tuple[int, str]:
     """`igrpo run` in-process on `data` (a dict dumped as YAML, or raw text); (exit code, stderr)."""
     path = tmp_path / "run.yaml"

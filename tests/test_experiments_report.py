@@ -1,26 +1,14 @@
 """bench/experiments.py: a rebuilt report keeps the verdicts written by hand under its sections; the best-of-N
 section from constructed run directories."""
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._harness import load_bench
 
 
 def load_experiments():
-    env, path = dict(os.environ), list(sys.path)
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("experiments", ROOT / "bench" / "experiments.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:  # the script quiets tqdm and logging for itself; leave the test session as it was
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[:] = path
+    return load_bench("experiments")
 
 
 def test_rebuilt_report_keeps_each_sections_verdict_in_its_own_section(tmp_path):

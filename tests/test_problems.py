@@ -512,25 +512,12 @@ def test_sft_noise_slips_an_exact_share_of_sft_solutions_and_nothing_else():
 
 def test_round_noise_fresh_problems_are_in_neither_split(tmp_path):
     """bench/round_noise.py --fresh: a smaller SE from problems no policy of the run has seen (SFT noise on)."""
-    import importlib.util
-    import os
-    import sys
-
     from pipeline.config import config_from_dict
     from pipeline.problems import problem_set_from_config
+    from tests._harness import load_bench
     from tests.conftest import mini_config
 
-    root = Path(__file__).resolve().parent.parent
-    env, path = dict(os.environ), list(sys.path)
-    sys.path.insert(0, str(root / "bench"))
-    try:  # the script quiets tqdm and logging for itself; leave the session as it was
-        spec = importlib.util.spec_from_file_location("round_noise", root / "bench" / "round_noise.py")
-        round_noise = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(round_noise)
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[:] = path
+    round_noise = load_bench("round_noise")
     data = mini_config(tmp_path)
     data["problems"]["arithmetic"]["sft_noise"] = 0.3
     cfg = config_from_dict(data)
