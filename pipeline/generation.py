@@ -135,8 +135,9 @@ def sample(
 ) -> Samples:
     """Sample `n` completions for every prompt, `batch_size` sequences per `generate` call.
 
-    `model` is an HF causal LM or a `vllm.LLM` (see `load_sampling_model`). Generation stops at the eos
-    token or after `max_new_tokens`; `num_tokens` counts the generated tokens up to and including eos.
+    `model` is an HF causal LM or a `vllm.LLM` (see `load_sampling_model`). Generation stops at a stop token
+    (`stop_ids`: the tokenizer's eos and the model's end-of-turn ids, as TRL's GRPO) or after `max_new_tokens`;
+    `num_tokens` counts the generated tokens up to and including the stop.
     Seeded: the same call gives the same texts, in one process or sharded (`generate_batches`).
     """
     start = time.perf_counter()
@@ -184,8 +185,9 @@ def _generate_hf(
     out_rows: Generated = []
     was_training = model.training
     model.eval()
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    stops = stop_ids(model.generation_config.eos_token_id, tokenizer.eos_token_id)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    is_stop = torch.tensor(stops, device=model.device)
     total = sum(len(js) for _, js in batches)
     bar = tqdm(total=total, desc=desc or "sampling", unit="seq", disable=desc is None, leave=False)
     for b, batch in batches:
@@ -201,20 +203,35 @@ def _generate_hf(
                 top_p=top_p if not greedy else None,
                 top_k=None,
                 max_new_tokens=max_new_tokens,
-                eos_token_id=eos,
+                eos_token_id=stops,
                 pad_token_id=pad,
             )
         new = out[:, enc["input_ids"].shape[1] :]  # (b, T_new)
-        is_eos = new == eos
-        # Tokens up to and including the first eos; rows that never stop count every token.
+        is_eos = torch.isin(new, is_stop)
+        # Tokens up to and including the first stop; rows that never stop count every token.
         first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, new.shape[1])
         for job, row, k in zip(batch, new.tolist(), first_eos.tolist()):
-            out_rows.append(_finished(tokenizer, prompts[job[0]], job, row[: k - (row[k - 1] == eos)], k))
+            out_rows.append(_finished(tokenizer, prompts[job[0]], job, row[: k - (row[k - 1] in stops)], k))
         bar.update(len(batch))
         bar.set_postfix(seq_per_s=f"{bar.n / max(time.perf_counter() - start, 1e-9):.1f}")
     bar.close()
     model.train(was_training)
     return out_rows
+
+
+def stop_ids(generation_eos: int | list[int] | None, tokenizer_eos: int | None) -> list[int]:
+    """The ids generation stops on, as TRL's GRPOTrainer stops: the tokenizer's eos, then every id of the model's
+    `generation_config.eos_token_id` (a chat model's end of turn: Llama-3's `<|eot_id|>`, Gemma's `<end_of_turn>`).
+
+    >>> stop_ids([128001, 128009], 128001), stop_ids(None, 2), stop_ids(7, 2)
+    ([128001, 128009], [2], [2, 7])
+    """
+    ids = [] if generation_eos is None else [generation_eos] if isinstance(generation_eos, int) else list(generation_eos)
+    if tokenizer_eos is not None and tokenizer_eos not in ids:
+        ids = [tokenizer_eos, *ids]
+    if not ids:
+        raise ValueError("the policy has no eos token: neither its tokenizer nor its generation_config names one")
+    return ids
 
 
 def _left_padded(rows: list[list[int]], pad: int) -> BatchEncoding:
@@ -261,10 +278,12 @@ def _generate_vllm(
         for i, _ in jobs
     ]
     outputs = llm.generate(inputs, params, use_tqdm=False)
-    eos = tokenizer.eos_token_id
+    special = set(tokenizer.all_special_ids)
     rows = []
     for (i, j), o in zip(jobs, outputs):
-        # vLLM's token_ids include the eos token when generation stopped on it, like `num_tokens` here.
+        # vLLM stops on the generation config's eos ids too, and its token_ids keep the one it stopped on,
+        # like `num_tokens` here; the ids drop it, as the HF path does.
         new = list(o.outputs[0].token_ids)
-        rows.append(_finished(tokenizer, prompts[i], (i, j), new[:-1] if new and new[-1] == eos else new, len(new)))
+        stopped = o.outputs[0].finish_reason == "stop" and new and new[-1] in special
+        rows.append(_finished(tokenizer, prompts[i], (i, j), new[:-1] if stopped else new, len(new)))
     return rows

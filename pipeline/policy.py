@@ -225,14 +225,14 @@ def round_prompts(
 ) -> Dataset:
     """The training prompts offered to GRPO in a round: a seeded draw from the training problems.
 
-    `prompt` is what TRL takes (messages in chat format, TRL applying the template); `prompt_text` the same
-    prompt rendered as text, which the reward functions (ORM) and the PRM score the completions after.
+    `prompt` is what TRL generates after and `prompt_text`, the same text, what the reward functions (ORM)
+    and the PRM score the completions after: the rendered prompt, in chat format too (`pipeline/prompts.py`).
     """
     problems = list(problem_set.train)
     random.Random(seed * 1000 + round_index).shuffle(problems)
-    rows = [{"prompt": renderer.trl_prompt(p), "prompt_text": renderer.render(p), "answer": p.answer,
-             "prompt_id": p.id, "solution": p.solution} for p in problems[: min(count, len(problems))]]
-    return Dataset.from_list(rows)
+    texts = [renderer.render(p) for p in problems[:count]]
+    return Dataset.from_list([{"prompt": text, "prompt_text": text, "answer": p.answer, "prompt_id": p.id,
+                               "solution": p.solution} for p, text in zip(problems, texts)])
 
 
 def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, scorers: Mapping[str, SolutionScorer]):

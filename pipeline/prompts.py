@@ -1,16 +1,18 @@
 """What the policy is conditioned on: a problem's prompt as plain text, or in the tokenizer's chat template.
 
-`problems.prompt_format: chat` gives TRL's GRPOTrainer its conversational format (`prompt` a list of
-messages, which TRL renders with the template and its generation prompt) and `PromptRenderer.render` the
-same text for every other reader: the bootstrap's SFT, collection and its MC rollouts, evaluation, and the
-PRM and ORM (trained and scored on `render(problem) + completion`, the shard's `prompt` column holding the
-rendered text). `plain` uses `Problem.prompt` as it is. Unset: `chat` when the tokenizer has a chat template,
-`plain` otherwise (the tiny char-level policy has none).
+`problems.prompt_format: chat` renders the problem in the template with its generation prompt;
+`PromptRenderer.render` gives that one text to every reader: TRL's GRPOTrainer (its `prompt` column), the
+bootstrap's SFT, collection and its MC rollouts, evaluation, and the PRM and ORM (trained and scored on
+`render(problem) + completion`, the shard's `prompt` column holding the rendered text). `plain` uses
+`Problem.prompt` as it is. Unset: `chat` when the tokenizer has a chat template, `plain` otherwise (the tiny
+char-level policy has none).
 
-One rule makes the two paths agree token for token: TRL tokenizes a conversation with the template alone,
-while everything else here tokenizes text the usual way, which adds the tokenizer's own special tokens. A
-tokenizer that adds a BOS itself (Llama, Mistral, Gemma) would then read the template's BOS twice, so the
-rendered text leaves the template's leading BOS to the tokenizer.
+One text, one tokenization: every reader, TRL included, tokenizes it the usual way, `tokenizer(text)`, the
+tokenizer's own special tokens added once. TRL is handed the text, not the messages: it tokenizes a
+conversation with the template alone, which gives other ids wherever the tokenizer adds a BOS the template
+does not render (TinyLlama-Chat, Zephyr) or an EOS, so GRPO would train on prompts that sampling never
+shows. A template that renders the BOS a tokenizer adds itself (Llama, Mistral, Gemma) would give it twice,
+so the rendered text leaves that leading BOS to the tokenizer.
 """
 
 from __future__ import annotations
@@ -74,10 +76,6 @@ class PromptRenderer:
         if self._strip_bos and text.startswith(self.tokenizer.bos_token):
             text = text[len(self.tokenizer.bos_token):]  # the tokenizer adds it back (module docstring)
         return text
-
-    def trl_prompt(self, problem: Problem) -> str | list[dict[str, str]]:
-        """The `prompt` column of GRPOTrainer's dataset: the messages (TRL applies the template) or the text."""
-        return self.messages(problem) if self.chat else problem.prompt
 
 
 def _adds_bos(tokenizer) -> bool:

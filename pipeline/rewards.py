@@ -1,8 +1,9 @@
 """Reward functions by name (a registry) with TRL's signature, and the checks every reward goes through.
 
 TRL's reward signature is `(completions, **kwargs) -> list[float]`, the dataset columns arriving as kwargs
-(here `prompt_text`, `answer`, `prompt_id`, `solution`). With chat prompts TRL hands over each completion as
-a list of messages: `checked`, which wraps every reward given to TRL, turns it back into its text. A reward
+(here `prompt_text`, `answer`, `prompt_id`, `solution`). TRL gets the rendered prompt as text, chat prompts
+included (`pipeline/prompts.py`), so completions come as text; were a dataset conversational, TRL would hand
+over messages, and `checked`, which wraps every reward given to TRL, turns them back into their text. A reward
 that raises, returns the wrong length, or returns NaN/inf is an error naming the function and the sample: a
 silent NaN would poison a whole round.
 
@@ -69,8 +70,8 @@ def scorer_reward(scorer: SolutionScorer) -> RewardFunc:
     """
 
     def rm(completions: list[str], prompts: list | None = None, **kwargs) -> list[float]:
-        # The rendered prompt (`round_prompts`' `prompt_text`): with chat prompts GRPOTrainer's `prompts` are
-        # messages. Without that column: `prompts` (GRPOTrainer's), else the `prompt` column.
+        # The rendered prompt (`round_prompts`' `prompt_text`; a conversational dataset's `prompts` would be
+        # messages). Without that column: `prompts` (GRPOTrainer's), else the `prompt` column.
         texts = kwargs.get("prompt_text") or (prompts if prompts is not None else kwargs["prompt"])
         return scorer(texts, completions)
 

@@ -1,8 +1,9 @@
 """Prompt formats: the text the policy is conditioned on is one text, in GRPO (TRL), collection, evaluation and the RMs.
 
-`problems.prompt_format: chat` gives TRL messages and everything else `PromptRenderer.render`; these tests
-check that the two are the same text and the same tokens, on SmolLM2's real tokenizer and on the tiny
-policy with a chat template of its own, and that the plain format (the quickstart) is the prompt as it is.
+`problems.prompt_format: chat` gives TRL and everything else `PromptRenderer.render`'s text; these tests
+check that it is the template's rendering and that GRPO generates after the same tokens as collection, on
+SmolLM2's real tokenizer and on the tiny policy with a chat template of its own (with a tokenizer that adds
+a BOS the template does not render too), and that the plain format (the quickstart) is the prompt as it is.
 """
 
 from __future__ import annotations
@@ -46,15 +47,21 @@ def smollm2():
     return smollm2_tokenizer()
 
 
-def chat_char_tokenizer():
+def chat_char_tokenizer(adds_bos: bool = False):
+    """The char tokenizer with TINY_TEMPLATE; `adds_bos`: it also puts a <s> in front of any text, a BOS the
+    template does not render (TinyLlama-Chat's and Zephyr's layout)."""
     tok = char_tokenizer()
     tok.chat_template = TINY_TEMPLATE
+    if adds_bos:
+        tok.add_special_tokens({"bos_token": "<s>"})
+        tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)])
     return tok
 
 
-def trl_prompt_ids(tokenizer, prompt) -> list[int]:
-    """The prompt ids GRPOTrainer generates after for a conversational prompt (`_tokenize_prompts`)."""
-    return tokenizer.apply_chat_template(conversation=[prompt], add_generation_prompt=True, tokenize=True,
+def conversation_ids(tokenizer, messages) -> list[int]:
+    """The ids TRL's GRPOTrainer would generate after for a conversational prompt (the template alone)."""
+    return tokenizer.apply_chat_template(conversation=[messages], add_generation_prompt=True, tokenize=True,
                                          return_dict=True)["input_ids"][0]
 
 
@@ -65,14 +72,13 @@ def test_smollm2_chat_prompt_is_the_text_and_tokens_trl_conditions_on(smollm2):
         text = renderer.render(p)
         assert text.endswith("<|im_start|>assistant\n")  # the generation prompt: the assistant's turn is open
         assert "Question: " + p.prompt.split("Question: ")[1].strip() in text
-        # TRL's own rendering of the conversational prompt, and the ids it generates after.
-        assert maybe_apply_chat_template({"prompt": renderer.trl_prompt(p)}, smollm2)["prompt"] == text
-        assert smollm2(text)["input_ids"] == trl_prompt_ids(smollm2, renderer.trl_prompt(p))
-    # GRPO's dataset: TRL's rendering of its `prompt` messages is its `prompt_text`, what the ORM and PRM read.
+        # TRL's own rendering of the conversation, and (SmolLM2 adds no special tokens) its ids.
+        assert maybe_apply_chat_template({"prompt": renderer.messages(p)}, smollm2)["prompt"] == text
+        assert smollm2(text)["input_ids"] == conversation_ids(smollm2, renderer.messages(p))
+    # GRPO's dataset: the rendered text, as TRL's `prompt` and as the `prompt_text` the ORM and PRM read.
     rows = round_prompts(GSM8K(GSM8K_LIKE, []), 2, 0, 1, renderer=renderer)
     for row in rows:
-        assert maybe_apply_chat_template({"prompt": row["prompt"]}, smollm2)["prompt"] == row["prompt_text"]
-        assert row["prompt_text"] in {renderer.render(p) for p in GSM8K_LIKE}
+        assert row["prompt"] == row["prompt_text"] in {renderer.render(p) for p in GSM8K_LIKE}
 
 
 def test_smollm2_system_prompt_replaces_the_templates_default(smollm2):
@@ -86,7 +92,8 @@ def test_smollm2_system_prompt_replaces_the_templates_default(smollm2):
 def test_smollm2_plain_format_is_the_prompt_as_it_is(smollm2):
     renderer = PromptRenderer(smollm2, "plain")
     assert [renderer.render(p) for p in GSM8K_LIKE] == [p.prompt for p in GSM8K_LIKE]
-    assert renderer.trl_prompt(GSM8K_LIKE[0]) == GSM8K_LIKE[0].prompt
+    rows = round_prompts(GSM8K(GSM8K_LIKE, []), 2, 0, 1, renderer=renderer)
+    assert set(rows["prompt"]) == set(rows["prompt_text"]) == {p.prompt for p in GSM8K_LIKE}
 
 
 def test_char_tokenizer_defaults_to_plain_prompts():
@@ -107,10 +114,10 @@ def test_chat_without_a_template_and_system_prompt_without_chat_are_errors_namin
         PromptRenderer(char_tokenizer(), None, system_prompt="Be brief.")
 
 
-def test_rendered_text_leaves_the_bos_to_a_tokenizer_that_adds_it():
-    # Llama-style: the tokenizer puts <s> in front of any text and the template starts with {{ bos_token }}.
-    # TRL tokenizes the conversation with the template alone (one <s>); everything else here tokenizes the
-    # rendered text the usual way, so the text must not carry the template's <s> too.
+@pytest.mark.parametrize("template", ["{{ bos_token }}" + TINY_TEMPLATE, TINY_TEMPLATE], ids=["llama", "zephyr"])
+def test_rendered_text_tokenizes_to_one_bos_with_a_tokenizer_that_adds_it(template):
+    # The tokenizer puts <s> in front of any text. Llama's template renders a <s> too, which the text must not
+    # carry as well; TinyLlama-Chat's and Zephyr's renders none, and the tokenizer's <s> is the prompt's one BOS.
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, "<s>": 3}
     for ch in DEFAULT_ALPHABET:
         vocab.setdefault(ch, len(vocab))
@@ -119,13 +126,13 @@ def test_rendered_text_leaves_the_bos_to_a_tokenizer_that_adds_it():
     backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="<eos>", pad_token="<pad>",
                                   unk_token="<unk>")
-    tok.chat_template = "{{ bos_token }}" + TINY_TEMPLATE
+    tok.chat_template = template
     renderer = PromptRenderer(tok)
     p = Problem("a", "7 +5\n", "12", "7+5=12\nAnswer: 12")
     assert renderer.render(p) == "user: 7 +5\nassistant:\n"
     ids = tok(renderer.render(p))["input_ids"]
-    assert ids == trl_prompt_ids(tok, renderer.trl_prompt(p))
-    assert ids.count(3) == 1
+    assert ids[0] == 3 and ids.count(3) == 1
+    assert tok.decode(ids, skip_special_tokens=True) == renderer.render(p)
 
 
 class RecordingTrainer(ProcessGRPOTrainer):
@@ -149,10 +156,14 @@ class RecordingTrainer(ProcessGRPOTrainer):
         return out
 
 
-def test_chat_grpo_step_conditions_the_policy_and_the_prm_on_the_rendered_text(tmp_path):
-    """One process-mode GRPO step of the tiny policy with a chat template: TRL gets messages, generates after
-    exactly the ids of the rendered text, and the PRM and the verifier read that text and plain completions."""
-    tok = chat_char_tokenizer()
+@pytest.mark.parametrize("adds_bos", [False, True], ids=["template-only", "tokenizer-adds-bos"])
+def test_chat_grpo_step_conditions_the_policy_and_the_prm_on_the_rendered_text(tmp_path, adds_bos):
+    """One process-mode GRPO step of the tiny policy with a chat template: TRL gets the rendered text, generates
+    after exactly the ids collection and evaluation sample after (with a tokenizer that adds a BOS the template
+    lacks too), and the PRM and the verifier read that text and plain completions."""
+    from pipeline.generation import prompt_ids
+
+    tok = chat_char_tokenizer(adds_bos)
     save_model(tiny_policy(tok, 32, 2, 2, 64, 96, seed=0), tok, tmp_path / "policy")
 
     prm_model, prm_tok = reward_model_from_policy(str(tmp_path / "policy"), "prm")
@@ -164,7 +175,7 @@ def test_chat_grpo_step_conditions_the_policy_and_the_prm_on_the_rendered_text(t
     assert renderer.format == "chat"  # the template survived the save
     data = round_prompts(ps, 1, cfg.run.seed, 1, renderer=renderer)
     problem = next(p for p in ps.train if p.id == data[0]["prompt_id"])
-    assert data[0]["prompt"] == [{"role": "user", "content": problem.prompt.strip()}]  # TRL's conversational format
+    assert data[0]["prompt"] == renderer.render(problem)
     seen_completions = []
 
     def verifier(completions, **kwargs):
@@ -179,7 +190,8 @@ def test_chat_grpo_step_conditions_the_policy_and_the_prm_on_the_rendered_text(t
     trainer.train()
     text = data[0]["prompt_text"]
     assert text.startswith("user: ") and text.endswith("\nassistant:\n")
-    assert trainer.prompt_ids and all(ids == tok(text)["input_ids"] for ids in trainer.prompt_ids)
+    assert trainer.prompt_ids and all(ids == prompt_ids(tok, text) for ids in trainer.prompt_ids)
+    assert all((ids[0] == tok.bos_token_id) == adds_bos for ids in trainer.prompt_ids)
     assert trainer.prm_prompts and set(trainer.prm_prompts) == {text}
     assert seen_completions and all(isinstance(c, str) for c in seen_completions)  # not TRL's message lists
 

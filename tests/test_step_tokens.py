@@ -150,6 +150,32 @@ def test_hf_generation_goes_on_from_a_continuation(tok, prm_dir):
     assert out.num_tokens[0][0] == len(full[0]) - len(prefix.prompt_ids) - 7
 
 
+def test_sampling_stops_on_the_models_end_of_turn_ids_as_trl_does(tok, prm_dir):
+    """A chat model's generation_config lists its end of turn beside the tokenizer's eos (Llama-3's <|eot_id|>,
+    Gemma's <end_of_turn>): collection and evaluation must stop there, as TRL's GRPO does, not run on into an
+    invented next turn. Here the stand-in end of turn is the token the tiny policy samples most."""
+    from collections import Counter
+
+    from models import load_policy
+    from pipeline.generation import sample
+
+    model, _ = load_policy(str(prm_dir / "policy"))
+    opts = dict(temperature=1.0, max_new_tokens=24, seed=5)
+    free = sample(model, tok, [PROMPT], 8, **opts)
+    end_of_turn = Counter(i for row in free.ids[0] for i in row).most_common(1)[0][0]
+    model.generation_config.eos_token_id = [tok.eos_token_id, end_of_turn]
+    stopped = sample(model, tok, [PROMPT], 8, **opts)
+    cut = 0
+    for before, after, k in zip(free.ids[0], stopped.ids[0], stopped.num_tokens[0]):
+        # The same draws up to the end of turn, then nothing more; num_tokens counts the stop, as it counts eos.
+        want = before[: before.index(end_of_turn)] if end_of_turn in before else before
+        assert after == want
+        assert k == (len(want) + 1 if end_of_turn in before else len(after) + (len(after) < 24))
+        cut += end_of_turn in before
+    assert cut > 0
+    assert stopped.texts[0] == [tok.decode(ids, skip_special_tokens=True) for ids in stopped.ids[0]]
+
+
 # --- the worked example of point 3, without a model -----------------------------------------------------
 
 
