@@ -98,13 +98,60 @@ def resolve_spec(spec: str) -> tuple[str, str | None]:
     return str(path), None
 
 
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_CAUSAL_LM = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def check_checkpoint(path: str, causal_lm: bool = False) -> None:
+    """What a checkpoint directory needs to load, read without loading the weights: a transformers config (of a
+    causal LM where `causal_lm`), weights whose files are all there with readable headers, and a tokenizer.
+
+    Raises:
+        FileNotFoundError, ValueError: naming the directory and what is wrong with it.
+    """
+    from safetensors import safe_open
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # transformers' own errors vary by what is wrong: one line, the reason kept
+        raise ValueError(f"model directory {path!r}: its config.json is not a model's config ({_line(e)})") from None
+    archs = getattr(config, "architectures", None) or []
+    if causal_lm and archs and not any(a.endswith(_CAUSAL_LM) for a in archs):
+        raise ValueError(f"model directory {path!r} holds a {archs[0]}, not a language model to generate with "
+                         "(a reward model's checkpoint?)")
+    found = [name for name in _WEIGHTS if (Path(path) / name).exists()]
+    if not found:
+        raise FileNotFoundError(f"model directory {path!r} has no weights (none of {', '.join(_WEIGHTS)})")
+    files = [found[0]]
+    if found[0].endswith(".index.json"):
+        files = sorted(set(json.loads((Path(path) / found[0]).read_text())["weight_map"].values()))
+    for name in files:
+        if not (Path(path) / name).exists():
+            raise FileNotFoundError(f"model directory {path!r}: weights file {name} is missing")
+        if name.endswith(".safetensors"):
+            try:
+                with safe_open(str(Path(path) / name), "pt"):
+                    pass  # the header only: a truncated or foreign file fails here
+            except Exception as e:
+                raise ValueError(f"model directory {path!r}: weights file {name} does not read ({_line(e)})") from None
+    try:
+        _prepare_tokenizer(AutoTokenizer.from_pretrained(path), path)
+    except Exception as e:
+        raise ValueError(f"model directory {path!r}: its tokenizer does not load ({_line(e)})") from None
+
+
+def _line(e: Exception) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
 def _looks_local(spec: str) -> bool:
     """`LOCAL_OR_HUB`: the test that tells a local path from a hub id."""
     path = Path(spec).expanduser()
     return spec.startswith((".", "/", "~")) or path.suffix == ".gguf" or path.exists()
 
 
-def check_model_available(spec: str, field: str = "policy.model", timeout: float = 10.0) -> tuple[str, str | None]:
+def check_model_available(spec: str, field: str = "policy.model", timeout: float = 10.0,
+                          causal_lm: bool = False) -> tuple[str, str | None]:
     """Fail fast on a model spec that cannot load: `resolve_spec`'s checks, and for a hub id a local cached
     copy or, online, the hub's answer within `timeout` seconds (a typo'd local path without ``./`` is a hub id,
     and loading it would wait on the network, or fail only after the run has started).
@@ -117,6 +164,8 @@ def check_model_available(spec: str, field: str = "policy.model", timeout: float
     """
     try:
         resolved = resolve_spec(spec)  # a local path, a GGUF file, a package: its own errors, with the field
+        if resolved[1] is None and Path(resolved[0]).is_dir():
+            check_checkpoint(resolved[0], causal_lm=causal_lm)
     except (FileNotFoundError, ValueError) as e:
         raise type(e)(f"{field}: {e}") from None
     if spec.startswith("package:") or _looks_local(spec):

@@ -74,13 +74,14 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan: a weight, rate or temperature of inf or NaN is a typo, never a setting.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunConfig(Section):
     name: str = Field("quickstart", description="Run name: the run directory is <runs_dir>/<name>.")
     runs_dir: str = Field("runs", description="Folder holding one directory per pipeline run.")
-    seed: int = Field(0, description="Seed of everything random: problems, sampling, training.")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of everything random: problems, sampling, training.")
     rounds: int = Field(3, ge=1, description="RL rounds after the round-0 bootstrap.")
 
     @field_validator("name")
@@ -322,11 +323,26 @@ class RewardModelConfig(Section):
                              "`igrpo bootstrap CONFIG --set policy.tiny.hidden_size=256 --out DIR`, then DIR")
         return v
 
-    @field_validator("replay_fraction", "holdout_fraction")
+    @field_validator("kinds")
+    @classmethod
+    def _each_once(cls, v: list[str]) -> list[str]:
+        twice = sorted({kind for kind in v if v.count(kind) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given more than once; each kind is one reward model")
+        return v
+
+    @field_validator("replay_fraction")
     @classmethod
     def _fraction(cls, v: float) -> float:
         if not 0 <= v <= 1:
             raise ValueError("must be between 0 and 1")
+        return v
+
+    @field_validator("holdout_fraction")
+    @classmethod
+    def _leaves_rows_to_train(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError("must be at least 0 and below 1 (at 1 every new row is held out and none trains the RMs)")
         return v
 
 
@@ -427,6 +443,11 @@ class PipelineConfig(Section):
         bad = [n for n in self.eval.best_of_n if not 1 <= n <= self.eval.samples_per_problem]
         if bad:
             raise ValueError(f"eval.best_of_n {bad} must lie in [1, eval.samples_per_problem]")
+        if ("orm" in self.reward_model.kinds and self.reward_model.orm_loss == "pairwise"
+                and self.collect.samples_per_prompt < 2):
+            raise ValueError("reward_model.orm_loss: pairwise needs a right and a wrong sample of one prompt, and "
+                             f"collect.samples_per_prompt is {self.collect.samples_per_prompt}: set it to 2 or more, "
+                             "or orm_loss: bce")
         return self
 
     @model_validator(mode="after")
@@ -577,29 +598,81 @@ def device_defaults() -> dict[str, Any]:
     return {"use_cpu": True, "bf16": False}
 
 
+def rm_training_config(cfg: PipelineConfig, output_dir: str):
+    """The RMs' trainer arguments from `reward_model.train_args`, for the check at load: transformers'
+    TrainingArguments, which every RM but a pairwise ORM trains with, or, where that is the only RM, TRL's
+    RewardConfig (a subclass, with fields of its own)."""
+    from transformers import TrainingArguments
+    from trl import RewardConfig
+
+    rm = cfg.reward_model
+    pairwise_only = rm.kinds == ["orm"] and rm.orm_loss == "pairwise"
+    config_class, extra = (RewardConfig, {"max_length": None}) if pairwise_only else (TrainingArguments, {})
+    return config_class(output_dir=output_dir, **{"report_to": "none", "save_strategy": "no", **extra, **device_defaults(),
+                                                  **checkpointing_defaults(config_class, rm.train_args), **rm.train_args})
+
+
 def _check_passthrough(cfg: PipelineConfig) -> None:
-    """Build GRPOConfig and SFTConfig once so a field TRL rejects fails now, not hours later."""
+    """Build GRPOConfig, SFTConfig and the RMs' TrainingArguments once so a field they reject fails now, not
+    after round 0's work; then the values they accept but fail on later (a batch of 0, a temperature of 0)."""
     n = cfg.grpo.get("num_generations")
     if isinstance(n, int) and not isinstance(n, bool) and n < 2:
         # Checked before TRL, whose own message for this does not name the field.
         raise ConfigError(f"grpo.num_generations: must be at least 2, got {n} (GRPO compares the completions of a group)")
     with tempfile.TemporaryDirectory() as tmp:
-        for section, build in (
-            ("grpo", lambda: grpo_config(cfg, tmp)),
-            ("bootstrap.sft_args", lambda: sft_config(cfg, tmp)),
+        for section, given, build in (
+            ("grpo", cfg.grpo, lambda: grpo_config(cfg, tmp)),
+            ("bootstrap.sft_args", cfg.bootstrap.sft_args, lambda: sft_config(cfg, tmp)),
+            ("reward_model.train_args", cfg.reward_model.train_args, lambda: rm_training_config(cfg, tmp)),
         ):
-            try:
-                built = build()
-            except TypeError as e:
-                m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
-                key = f".{m.group(1)}" if m else ""
-                raise ConfigError(f"{section}{key}: not a field of TRL's config ({e})") from None
-            except ValueError as e:
-                raise ConfigError(f"{section}: TRL rejects it: {e}") from None
-            _check_types(section, built, cfg.grpo if section == "grpo" else cfg.bootstrap.sft_args)
+            built = _build(section, build)
+            _check_types(section, built, given)
+            _check_ranges(section, given)
             mode = cfg.supervision.mode
             if section == "grpo" and mode in ("process", "hybrid") and built.num_generations < 2:
                 raise ConfigError(f"grpo.num_generations: must be at least 2 in {mode} mode (steps are normalised per group)")
+
+
+def _build(section: str, build):
+    try:
+        return build()
+    except TypeError as e:
+        m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        key = f".{m.group(1)}" if m else ""
+        raise ConfigError(f"{section}{key}: not a field of {_OWNER[section]} ({e})") from None
+    except ValueError as e:
+        raise ConfigError(f"{section}: {_OWNER[section]} rejects it: {e}") from None
+
+
+_OWNER = {"grpo": "TRL's GRPOConfig", "bootstrap.sft_args": "TRL's SFTConfig",
+          "reward_model.train_args": "the RMs' TrainingArguments"}
+
+# Values the configs accept at build time but fail on (or train nothing with) later: key -> (valid?, what is).
+_RANGES = {
+    "per_device_train_batch_size": (lambda v: v >= 1, "at least 1"),
+    "gradient_accumulation_steps": (lambda v: v >= 1, "at least 1"),
+    "num_train_epochs": (lambda v: v > 0, "above 0"),
+    "learning_rate": (lambda v: v >= 0, "at least 0"),
+    "beta": (lambda v: v >= 0, "at least 0"),
+    "temperature": (lambda v: v > 0, "above 0 (GRPO samples: at 0 a group's completions would all be alike)"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "max_completion_length": (lambda v: v >= 1, "at least 1"),
+    "max_prompt_length": (lambda v: v >= 1, "at least 1"),
+}
+
+
+def _check_ranges(section: str, given: dict[str, Any]) -> None:
+    """The values a user gave (not the configs' defaults): finite numbers, and in range where `_RANGES` knows."""
+    import math
+
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value):
+            raise ConfigError(f"{section}.{key}: must be a finite number, got {value}")
+        valid, what = _RANGES.get(key, (None, ""))
+        if valid is not None and not valid(value):
+            raise ConfigError(f"{section}.{key}: must be {what}, got {value}")
 
 
 def _check_types(section: str, built: Any, given: dict[str, Any]) -> None:
@@ -623,7 +696,11 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, raw = item.split("=", 1)
     if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
         raise ConfigError(f"override {item!r}: {key!r} is not a dotted key")
-    return key.split("."), _yaml(raw)
+    try:
+        return key.split("."), _yaml(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                          "quote it to give a string, e.g. --set 'run.name=\"x\"'") from None
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -656,7 +733,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None, check_trl:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = _yaml(path.read_text())
+        data = _yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the config as UTF-8") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: malformed YAML: {e}") from None
     except ConfigError as e:

@@ -4,8 +4,8 @@ TRL's reward signature is `(completions, **kwargs) -> list[float]`, the dataset 
 (here `prompt_text`, `answer`, `prompt_id`, `solution`). TRL gets the rendered prompt as text, chat prompts
 included (`pipeline/prompts.py`), so completions come as text; were a dataset conversational, TRL would hand
 over messages, and `checked`, which wraps every reward given to TRL, turns them back into their text. A reward
-that raises, returns the wrong length, or returns NaN/inf is an error naming the function and the sample: a
-silent NaN would poison a whole round.
+that raises, returns something other than a list of one number (or None) per completion, or returns NaN/inf is
+an error naming the function and the sample: a silent NaN would poison a whole round.
 
 `REWARD_FUNCS` maps the names that `supervision.rewards` weighs (`{verifier: 1.0, orm: 0.5}`) to a factory
 and the reward-model kind the function scores with, if any: the config then requires that kind in
@@ -16,7 +16,9 @@ reward function is a function here and one entry in `REWARD_FUNCS`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import numbers
+import reprlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.problems import Problem, ProblemSet
@@ -133,27 +135,90 @@ def build_reward_func(name: str, problem_set: ProblemSet, scorers: Mapping[str, 
 def checked(func: RewardFunc, name: str | None = None) -> RewardFunc:
     """Wrap a reward function so that misbehaviour is one clear `RewardError` naming it and the sample.
 
-    The wrapped function gets the completions as text (`completion_text`), in either prompt format.
+    The wrapped function gets the completions as text (`completion_text`), in either prompt format. It must
+    return one reward per completion: a real number (a bool counts) or None (TRL: no reward for that sample).
+    When it raises on a batch, it is called on each sample alone to name the first one it fails on.
     """
     name = name or getattr(func, "__name__", repr(func))
 
     def wrapper(completions: list, **kwargs) -> list[float]:
         completions = [completion_text(c) for c in completions]
+        n = len(completions)
         try:
-            values = func(completions, **kwargs)
+            out = func(completions, **kwargs)
+            # list(x) of a string or dict would be its characters or keys; of a 0-d array, an error.
+            values = None if _not_a_batch(out) else list(out)  # inside the try: a generator raises here
         except Exception as e:  # the user's function: anything can come out
-            raise RewardError(f"reward function {name!r} raised on a batch of {len(completions)}: {e!r}") from e
-        values = list(values)
-        if len(values) != len(completions):
-            raise RewardError(f"reward function {name!r} returned {len(values)} rewards for {len(completions)} completions")
+            culprit = _first_raising(func, completions, kwargs)
+            raise RewardError(f"reward function {name!r} raised on a batch of {n}: {e!r}{culprit}") from e
+        if values is None:
+            shown = "None" if out is None else f"{reprlib.repr(out)} ({type(out).__name__})"
+            hint = " (a missing return?)" if out is None else ""
+            raise RewardError(
+                f"reward function {name!r} returned {shown}, not a list of one reward per completion{hint}"
+            )
+        if len(values) != n:
+            raise RewardError(f"reward function {name!r} returned {len(values)} rewards for {n} completions")
+        rewards = []
         for i, v in enumerate(values):
-            if v is not None and not math.isfinite(float(v)):
-                preview = completions[i][:60].replace("\n", "\\n")
+            try:
+                reward = None if v is None else _real(v)
+            except Exception as e:  # float() of a list, a dict, an int beyond float's range, a user's type
+                raise RewardError(
+                    f"reward function {name!r} returned {reprlib.repr(v)} for sample {i} "
+                    f"({_preview(completions[i])!r}), not a float or None: {e}"
+                ) from None
+            if reward is not None and not math.isfinite(reward):
+                preview = _preview(completions[i])
                 raise RewardError(f"reward function {name!r} returned {v} for sample {i} ({preview!r})")
-        return [None if v is None else float(v) for v in values]
+            rewards.append(reward)
+        return rewards
 
     wrapper.__name__ = name
     return wrapper
+
+
+def _preview(completion: str) -> str:
+    """The start of a completion, on one line, for an error message."""
+    return completion[:60].replace("\n", "\\n")
+
+
+def _not_a_batch(out: object) -> bool:
+    """Whether a reward function's output cannot be a list of rewards (None, one number, a string, a dict)."""
+    return (out is None or isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Iterable)
+            or getattr(out, "ndim", 1) == 0)  # a 0-d array or tensor: one number
+
+
+def _real(v: object) -> float:
+    """One reward as a float; TypeError where it is not a real number.
+
+    float() alone would take the text "0.5" and drop a numpy complex's imaginary part.
+    """
+    if isinstance(v, (str, bytes)) or (isinstance(v, numbers.Complex) and not isinstance(v, numbers.Real)):
+        raise TypeError(f"a reward must be a real number, not {type(v).__name__!r}")
+    return float(v)
+
+
+def _first_raising(func: RewardFunc, completions: list[str], kwargs: dict) -> str:
+    """'; called alone, sample i (...) raises ...' for the first sample `func` raises on alone, else ''.
+
+    Each kwarg that is a column of the batch (a sequence of its length) is sliced to the sample's row; the
+    others (TRL's `trainer_state`, ...) are passed as they are. Only run once the batch has failed.
+    """
+    n = len(completions)
+
+    def row(v: object, i: int) -> object:
+        is_column = isinstance(v, Sequence) and not isinstance(v, (str, bytes)) and len(v) == n
+        return v[i : i + 1] if is_column else v
+
+    for i in range(n):
+        try:
+            out = func(completions[i : i + 1], **{k: row(v, i) for k, v in kwargs.items()})
+            if not _not_a_batch(out):
+                list(out)  # as the batch's call: a generator raises here
+        except Exception as e:  # the user's function, as above
+            return f"; called alone, sample {i} ({_preview(completions[i])!r}) raises {e!r}"
+    return ""  # it fails on the batch only: no one sample to blame
 
 
 def weighted_mix(funcs: dict[str, RewardFunc], weights: dict[str, float]) -> RewardFunc:

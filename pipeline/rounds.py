@@ -309,15 +309,15 @@ def _problems(cfg: PipelineConfig) -> str:
     return f"{problems.name}: {len(problems.train)} train, {len(problems.test)} held-out problems"
 
 
-def _model(spec: str, field: str) -> str:
+def _model(spec: str, field: str, causal_lm: bool = False) -> str:
     from models.factories import check_model_available
 
-    path, gguf = check_model_available(spec, field)
+    path, gguf = check_model_available(spec, field, causal_lm=causal_lm)
     return f"{path}/{gguf}" if gguf else path
 
 
 def _policy_model(cfg: PipelineConfig) -> str:
-    return "tiny (built here)" if cfg.policy.model == "tiny" else _model(cfg.policy.model, "policy.model")
+    return "tiny (built here)" if cfg.policy.model == "tiny" else _model(cfg.policy.model, "policy.model", causal_lm=True)
 
 
 def _reward_model_backbone(cfg: PipelineConfig) -> str:
@@ -333,6 +333,39 @@ def _prompts(cfg: PipelineConfig) -> str:
     except Exception:  # the problems check reports it
         return "not checked: the problem set does not load"
     return f"prompt format {check_prompt_format(cfg, problem)}"
+
+
+# GRPOTrainer's own keyword arguments, which a probe before any training cannot give a reward function.
+_TRL_ONLY_KWARGS = {"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
+
+
+def _rewards(cfg: PipelineConfig) -> str:
+    """Call each GRPO reward function that needs no trained RM on the gold solutions of a few training problems,
+    as GRPO will (the dataset's columns as keyword arguments; the prompt as plain text), so that one which
+    raises or returns NaN, a string or the wrong count fails now, as `checked`'s RewardError, not after round 0."""
+    from pipeline.rewards import REWARD_FUNCS, RewardError, active_rewards, build_reward_func
+
+    try:
+        problem_set = problem_set_from_config(cfg)
+    except Exception:  # the problems check reports it
+        return "not checked: the problem set does not load"
+    problems = problem_set.train[:8]
+    names = [n for n in active_rewards(cfg.supervision.mode, cfg.supervision.rewards)
+             if REWARD_FUNCS[n].reward_model is None]
+    columns = {"prompts": [p.prompt for p in problems], "prompt": [p.prompt for p in problems],
+               "prompt_text": [p.prompt for p in problems], "answer": [p.answer for p in problems],
+               "prompt_id": [p.id for p in problems], "solution": [p.solution for p in problems]}
+    probed = []
+    for name in names:
+        try:
+            build_reward_func(name, problem_set, {})([p.solution for p in problems], **columns)
+        except RewardError as e:
+            if isinstance(e.__cause__, KeyError) and e.__cause__.args and e.__cause__.args[0] in _TRL_ONLY_KWARGS:
+                continue  # it reads what only GRPO gives: GRPO's own call checks it
+            raise RewardError(f"supervision.rewards: {e} (probed on the gold solutions of {len(problems)} "
+                              "training problems before any work)") from e
+        probed.append(name)
+    return f"{', '.join(probed) or 'none'} probed on {len(problems)} gold solutions"
 
 
 def _launcher(cfg: PipelineConfig) -> str:
@@ -366,8 +399,9 @@ def refuse_changed_config(manifest: Manifest, cfg: PipelineConfig) -> None:
 
 
 def preflight(cfg: PipelineConfig) -> None:
-    """What can be checked before any work: the problem set loads, the policy's and the RMs' model specs resolve,
-    the prompt format suits its tokenizer, MLflow answers.
+    """What can be checked before any work: the problem set loads, the policy's and the RMs' model specs resolve
+    and their checkpoints are whole, the prompt format suits its tokenizer, the reward functions that need no RM
+    score gold solutions, MLflow answers.
 
     Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
     """
@@ -375,6 +409,7 @@ def preflight(cfg: PipelineConfig) -> None:
     _policy_model(cfg)
     _reward_model_backbone(cfg)
     _prompts(cfg)
+    _rewards(cfg)
     _launcher(cfg)
     tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
 
@@ -389,6 +424,7 @@ def check_run(cfg: PipelineConfig) -> tuple[dict[str, str], list[str]]:
         "policy.model": _policy_model,
         "reward_model.model": _reward_model_backbone,
         "problems.prompt_format": _prompts,
+        "supervision.rewards": _rewards,
         "launcher": _launcher,
         "tracking": lambda c: tracking.probe(c.tracking.tracking_uri, c.tracking.experiment),
         "run directory": _run_directory,

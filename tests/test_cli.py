@@ -48,11 +48,11 @@ def test_top_level_not_a_mapping(tmp_path, capsys):
         ("eval", {"best_of_n": [2, 64]}, "eval.best_of_n [64] must lie in [1, eval.samples_per_problem]"),
         ("supervision", {"mode": "outcome", "verifier_weight": 0.0}, "outcome mode needs a weight above 0 in supervision.rewards"),
         # a field TRL's configs reject
-        ("grpo", {"bogus": 1}, "grpo.bogus: not a field of TRL's config"),
+        ("grpo", {"bogus": 1}, "grpo.bogus: not a field of TRL's GRPOConfig"),
         ("problems", {"prompt_format": "dialog"}, "problems.prompt_format: Input should be 'chat' or 'plain'"),
         ("problems", {"prompt_format": "plain", "system_prompt": "Be brief."},
          "problems: system_prompt: only chat prompts have a system message"),
-        ("bootstrap", {"sft_args": {"num_epochz": 2}}, "bootstrap.sft_args.num_epochz: not a field of TRL's config"),
+        ("bootstrap", {"sft_args": {"num_epochz": 2}}, "bootstrap.sft_args.num_epochz: not a field of TRL's SFTConfig"),
     ],
 )
 def test_bad_config_field_names_it(tmp_path, capsys, section, values, expected):

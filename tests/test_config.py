@@ -132,7 +132,7 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"eval": {"temperature": "hot"}}, "eval.temperature: Input should be a valid number"),
         ({"run": {"rounds": 0}}, "run.rounds: Input should be greater than or equal to 1"),
         ({"reward_model": {"replay_fraction": 1.5}}, "reward_model.replay_fraction: must be between 0 and 1"),
-        ({"reward_model": {"holdout_fraction": -0.1}}, "reward_model.holdout_fraction: must be between 0 and 1"),
+        ({"reward_model": {"holdout_fraction": -0.1}}, "reward_model.holdout_fraction: must be at least 0 and below 1"),
         ({"collect": {"strategy": "greedy"}}, "collect.strategy: Input should be 'exhaustive' or 'first_error'"),
         ({"run": {"name": "../escape"}}, "run.name: must be letters, digits"),
         ({"run": {"name": "a/b"}}, "run.name: must be letters, digits"),
@@ -160,6 +160,19 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
          "supervision: process_baseline 'position' is only used in process and hybrid mode, not in outcome mode"),
         ({"supervision": {"process_baseline": "step"}}, "supervision.process_baseline: Input should be 'group' or 'position'"),
         ({"reward_model": {"kinds": ["prm", "value"]}}, "reward_model.kinds: unknown reward model kind 'value'; known: prm, orm"),
+        ({"reward_model": {"kinds": ["prm", "orm", "prm"]}}, "reward_model.kinds: prm given more than once"),
+        ({"reward_model": {"holdout_fraction": 1.0}}, "reward_model.holdout_fraction: must be at least 0 and below 1"),
+        ({"reward_model": {"orm_loss": "pairwise"}, "collect": {"samples_per_prompt": 1}},
+         "reward_model.orm_loss: pairwise needs a right and a wrong sample of one prompt, and collect.samples_per_prompt is 1"),
+        # numpy's and torch's seeds are 32-bit: anything else fails inside the first phase
+        ({"run": {"seed": -1}}, "run.seed: Input should be greater than or equal to 0"),
+        ({"run": {"seed": 2**32}}, "run.seed: Input should be less than 4294967296"),
+        # inf and NaN are never settings (a weight of .inf trained on a reward of inf without a word)
+        ({"supervision": {"mode": "outcome", "rewards": {"verifier": float("inf")}}},
+         "supervision.rewards.verifier: Input should be a finite number"),
+        ({"eval": {"temperature": float("inf")}}, "eval.temperature: Input should be a finite number"),
+        ({"reward_model": {"exploit": {"pattern": "x", "bonus": float("nan")}}},
+         "reward_model.exploit.bonus: Input should be a finite number"),
         # half a local override of the hub would read the hub's test split against local training rows
         ({"problems": {"kind": "gsm8k", "gsm8k": {"hub_name": "openai/gsm8k", "train_path": "t.jsonl"}}},
          "problems: gsm8k.train_path and gsm8k.test_path go together"),
@@ -307,18 +320,55 @@ def test_grpo_num_generations_below_two_is_refused():
 
 def test_grpo_unknown_field_names_it():
     message = error_of({"grpo": {"bogus": 3}}, check_trl=True)
-    assert message.startswith("grpo.bogus: not a field of TRL's config")
+    assert message.startswith("grpo.bogus: not a field of TRL's GRPOConfig")
 
 
 def test_sft_args_unknown_field_names_it():
     message = error_of({"bootstrap": {"sft_args": {"num_epochz": 3}}}, check_trl=True)
-    assert message.startswith("bootstrap.sft_args.num_epochz: not a field of TRL's config")
+    assert message.startswith("bootstrap.sft_args.num_epochz: not a field of TRL's SFTConfig")
 
 
 def test_grpo_string_where_a_number_is_expected():
     # TRL's dataclasses would accept 'abc' and fail hours later inside the optimiser.
     message = error_of({"grpo": {"learning_rate": "abc"}}, check_trl=True)
     assert message == "grpo.learning_rate: expected a number, got 'abc'"
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    # the RMs' trainer arguments are built at load too, not first in round 0's RM phase
+    ({"reward_model": {"train_args": {"learning_rat": 1e-3}}},
+     "reward_model.train_args.learning_rat: not a field of the RMs' TrainingArguments"),
+    ({"reward_model": {"train_args": {"learning_rate": "abc"}}},
+     "reward_model.train_args.learning_rate: expected a number, got 'abc'"),
+    ({"reward_model": {"train_args": {"num_train_epochs": -1}}},
+     "reward_model.train_args.num_train_epochs: must be above 0, got -1"),
+    # a pairwise ORM alone trains with TRL's RewardConfig, whose own fields are then fine
+    ({"reward_model": {"kinds": ["orm"], "orm_loss": "pairwise", "train_args": {"center_rewards_coefficient": 0.01}},
+      "supervision": {"mode": "outcome", "rewards": {"orm": 1.0}}}, None),
+    # values TRL accepts when built and fails on (or trains nothing with) after round 0
+    ({"grpo": {"temperature": 0}}, "grpo.temperature: must be above 0"),
+    ({"grpo": {"per_device_train_batch_size": 0}}, "grpo.per_device_train_batch_size: must be at least 1, got 0"),
+    ({"grpo": {"max_completion_length": -3}}, "grpo.max_completion_length: must be at least 1, got -3"),
+    ({"grpo": {"learning_rate": float("nan")}}, "grpo.learning_rate: must be a finite number, got nan"),
+    ({"bootstrap": {"sft_args": {"learning_rate": -1}}}, "bootstrap.sft_args.learning_rate: must be at least 0, got -1"),
+])
+def test_pass_through_values_that_would_fail_after_round_zero_are_refused_at_load(data, expected):
+    if expected is None:
+        config_from_dict(data, check_trl=True)
+    else:
+        assert error_of(data, check_trl=True).startswith(expected)
+
+
+def test_malformed_yaml_in_an_override_names_the_override():
+    with pytest.raises(ConfigError, match=r"^override 'run.name=\[unclosed': the value is not valid YAML"):
+        config_from_dict({}, ["run.name=[unclosed"])
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("run:\n  name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text"):
+        load_config(path)
 
 
 def test_grpo_number_where_a_flag_is_expected():

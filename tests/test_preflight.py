@@ -173,6 +173,73 @@ def test_policy_given_where_a_reward_model_is_needed(tiny_dirs):
     with pytest.raises(ValueError, match=r"not a reward model .*LlamaForCausalLM.*expected a PRM or an ORM"):
         load_reward_model(tiny_dirs / "policy", expect="prm")
 
+@pytest.mark.parametrize("damage", ["empty-config", "no-weights", "truncated-weights", "no-tokenizer", "a-prm"])
+def test_a_checkpoint_directory_that_would_not_load_is_named_before_anything_is_written(tmp_path, capsys,
+                                                                                         tiny_dirs, damage):
+    # A directory with a config.json that still cannot serve as the policy: found at preflight, not after
+    # round 0's work (a PRM's checkpoint loads as a causal LM with a warning, so that one is refused too).
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_dirs / ("prm" if damage == "a-prm" else "policy"), ckpt)
+    if damage == "empty-config":
+        (ckpt / "config.json").write_text("{}")
+    elif damage == "no-weights":
+        (ckpt / "model.safetensors").unlink()
+    elif damage == "truncated-weights":
+        data = (ckpt / "model.safetensors").read_bytes()
+        (ckpt / "model.safetensors").write_bytes(data[:1000])
+    elif damage == "no-tokenizer":
+        for f in ckpt.glob("tokenizer*"):
+            f.unlink()
+    expected = {"empty-config": "its config.json is not a model's config", "no-weights": "has no weights",
+                "truncated-weights": "weights file model.safetensors does not read",
+                "no-tokenizer": "its tokenizer does not load", "a-prm": "holds a LlamaForTokenClassification"}
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path, policy={"model": str(ckpt)}, bootstrap={"sft": False}))
+    assert_user_error(tmp_path, rc, err, "policy.model", str(ckpt), expected[damage])
+
+
+def test_the_intact_checkpoint_passes_the_same_checks(tiny_dirs):
+    from models.factories import check_model_available
+
+    check_model_available(str(tiny_dirs / "policy"), causal_lm=True)
+    check_model_available(str(tiny_dirs / "prm"), "reward_model.model")  # a backbone need not generate
+
+
+# --- reward functions: probed on gold solutions before any work ------------------------------------------
+
+
+@pytest.mark.parametrize(("returns", "expected"), [
+    ("raise", "raised"), ("nan", "returned nan"), ("strings", "good"), ("none", "mine"), ("short", "returned 1 rewards"),
+])
+def test_a_reward_function_that_misbehaves_fails_before_any_work(tmp_path, capsys, monkeypatch, returns, expected):
+    from pipeline import rewards
+
+    def build(problem_set, scorers):
+        def mine(completions, answer, **kwargs):
+            return {"raise": lambda: [float(a) for a in ["x", *answer[1:]]],
+                    "nan": lambda: [float("nan")] * len(completions), "strings": lambda: ["good"] * len(completions),
+                    "none": lambda: None, "short": lambda: [1.0]}[returns]()
+        return mine
+
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "mine", rewards.RewardSpec(build))
+    data = mini_config(tmp_path, supervision={"mode": "outcome", "rewards": {"verifier": 1.0, "mine": 0.5}})
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, "supervision.rewards", "'mine'", "before any work", expected)
+
+
+def test_a_reward_function_that_reads_what_only_grpo_gives_is_left_to_grpo(tmp_path, monkeypatch):
+    from pipeline import rewards
+    from pipeline.rounds import preflight
+
+    def build(problem_set, scorers):
+        return lambda completions, **kwargs: [float(len(ids)) for ids in kwargs["completion_ids"]]
+
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "length", rewards.RewardSpec(build))
+    data = mini_config(tmp_path, supervision={"mode": "outcome", "rewards": {"verifier": 1.0, "length": 0.1}})
+    preflight(config_from_dict(data, check_trl=False))  # no error: GRPO's own call checks it
+
+
 # --- tracking -------------------------------------------------------------------------------------------
 
 

@@ -331,6 +331,25 @@ def test_gsm8k_bad_rows_name_file_and_line(tmp_path, lines, message):
         GSM8K.from_jsonl(bad, good)
 
 
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        # Line 2 holds a Latin-1 "é" (byte 0xe9); line 1 is ASCII, so it reads the same in either encoding.
+        ((row("a", "#### 1") + '\n{"question": "café", "answer": "#### 2"}\n').encode("latin-1"), 2),
+        ((row("a", "#### 1") + "\n").encode("utf-16"), 1),  # its byte order mark 0xff 0xfe
+        (b"PAR1\x15\x04\x15\xdc\xa8\x01\x15\x9ciL\x15R\n\x00\x12", 1),  # a parquet file's first bytes
+    ],
+    ids=["latin-1", "utf-16", "parquet"],
+)
+def test_gsm8k_a_file_not_in_utf8_names_file_and_line(tmp_path, content, line):
+    good = write_jsonl(tmp_path / "test.jsonl", [row("z", "#### 9")])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    expected = rf"bad\.jsonl line {line}: not UTF-8 \(byte 0x..\); GSM8K files are read as UTF-8 JSON lines$"
+    with pytest.raises(ValueError, match=expected):
+        GSM8K.from_jsonl(bad, good)
+
+
 def test_gsm8k_rejects_a_test_question_in_train(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", [row("a", "#### 1"), row("b", "#### 2")])
     test = write_jsonl(tmp_path / "test.jsonl", [row("b", "#### 2")])

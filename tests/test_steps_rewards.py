@@ -169,7 +169,8 @@ def _raises(completions, **kwargs):
 @pytest.mark.parametrize(
     ("func", "expected"),
     [
-        (_raises, r"reward function 'f' raised on a batch of 3: KeyError\('answer'\)"),
+        (_raises, r"reward function 'f' raised on a batch of 3: KeyError\('answer'\); "
+                  r"called alone, sample 0 \('a'\) raises KeyError\('answer'\)$"),
         (lambda c, **k: [1.0] * (len(c) - 1), r"reward function 'f' returned 2 rewards for 3 completions"),
         (lambda c, **k: [0.0, math.nan, 1.0], r"reward function 'f' returned nan for sample 1 \('b\\\\nc'\)"),
         (lambda c, **k: [0.0, 1.0, math.inf], r"reward function 'f' returned inf for sample 2 \('d'\)"),
@@ -180,6 +181,75 @@ def _raises(completions, **kwargs):
 def test_bad_reward_function_names_function_and_sample(func, expected):
     with pytest.raises(RewardError, match=expected):
         checked(func, "f")(["a", "b\nc", "d"])
+
+
+@pytest.mark.parametrize(
+    ("returned", "shown"),
+    [
+        (None, r"None, not a list of one reward per completion \(a missing return\?\)"),  # forgot `return`
+        (0.5, r"0\.5 \(float\), not a list of one reward per completion"),  # one number for the whole batch
+        ("good", r"'good' \(str\), not a list"),  # list("good") would be four characters
+        ({"a": 1.0, "b": 0.0, "c": 1.0}, r"\{'a': 1\.0, .*\} \(dict\), not a list"),  # list(dict): its keys
+    ],
+    ids=["none", "scalar", "str", "dict"],
+)
+def test_checked_a_non_list_names_the_function(returned, shown):
+    with pytest.raises(RewardError, match=rf"^reward function 'f' returned {shown}"):
+        checked(lambda c, **k: returned, "f")(["a", "b\nc", "d"])
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown"),
+    [
+        ("good", r"'good'"),
+        ("0.5", r"'0\.5'"),  # float() would take it: a reward is a number, not its text
+        ([1.0], r"\[1\.0\]"),  # nested lists
+        ({"r": 1.0}, r"\{'r': 1\.0\}"),
+        (1j, r"1j"),
+        (10**400, r"1000+\.\.\.0+"),  # beyond float's range; the preview is cut
+    ],
+    ids=["str", "numeric-str", "nested", "dict", "complex", "huge-int"],
+)
+def test_checked_a_non_number_names_function_and_sample(bad, shown):
+    expected = rf"reward function 'f' returned {shown} for sample 1 \('b\\\\nc'\), not a float or None: "
+    with pytest.raises(RewardError, match=expected):
+        checked(lambda c, **k: [0.0, bad, 1.0], "f")(["a", "b\nc", "d"])
+
+
+def test_checked_takes_bools_and_numpy_as_numbers():
+    np = pytest.importorskip("numpy")
+    assert checked(lambda c, **k: [True, False, None], "f")(["a", "b", "c"]) == [1.0, 0.0, None]
+    assert checked(lambda c, **k: np.array([0.5, 1.0]), "f")(["a", "b"]) == [0.5, 1.0]
+
+
+def test_checked_names_the_sample_a_raising_function_fails_on():
+    # The function fails on row 2's answer; called on each row alone (its columns sliced to that row, other
+    # kwargs as they are) it raises on row 2 first, so the error names that sample, not just the batch.
+    seen = []
+
+    def parse(completions, answer, trainer_state, **kwargs):
+        seen.append((list(completions), list(answer), trainer_state))
+        return [float(int(a) == len(c)) for c, a in zip(completions, answer)]
+
+    state = {"global_step": 3}
+    with pytest.raises(RewardError, match=r"reward function 'parse' raised on a batch of 4: ValueError\(.*'two'.*\); "
+                       r"called alone, sample 2 \('xy'\) raises ValueError\(.*'two'.*\)$"):
+        checked(parse)(["a", "b", "xy", "z"], answer=["1", "1", "two", "x"], trainer_state=state)
+    # The batch, then rows 0, 1, 2 alone: stops at the first that raises.
+    alone = [(["a"], ["1"], state), (["b"], ["1"], state), (["xy"], ["two"], state)]
+    assert seen == [(["a", "b", "xy", "z"], ["1", "1", "two", "x"], state)] + alone
+
+
+def test_checked_keeps_the_batch_message_when_no_sample_raises_alone():
+    # Raises on a batch of more than one only: no sample is to blame, so the batch is named.
+    def pairs_only(completions, **kwargs):
+        if len(completions) > 1:
+            raise KeyError("no parse for row 1")
+        return [0.5]
+
+    batch_only = r"reward function 'pairs_only' raised on a batch of 3: KeyError\('no parse for row 1'\)$"
+    with pytest.raises(RewardError, match=batch_only):
+        checked(pairs_only)(["a", "b", "c"])
 
 
 def test_weighted_mix(arithmetic):

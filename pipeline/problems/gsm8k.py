@@ -106,14 +106,21 @@ def problems_from_rows(rows: Iterable[tuple[str, object]], split: str, source: s
 
 
 def read_jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
-    """``("<path> line <n>", row)`` for each non-blank line (1-based n); ValueError on invalid JSON."""
+    """``("<path> line <n>", row)`` for each non-blank line (1-based n); ValueError on invalid JSON or UTF-8."""
     if not path.is_file():
         raise FileNotFoundError(f"GSM8K file not found: {path}")
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    # Bytes, decoded line by line, so that a Latin-1, UTF-16 or parquet file is an error naming its line
+    # (a text file's decoder reads ahead in blocks and knows no line).
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            where = f"{path} line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x}); "
+                                 f"GSM8K files are read as UTF-8 JSON lines") from None
             if not line.strip():
                 continue
-            where = f"{path} line {number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
