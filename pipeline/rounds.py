@@ -377,8 +377,19 @@ def _launcher(cfg: PipelineConfig) -> str:
     return f"accelerate launch ({cfg.launcher.config_file or 'accelerate default config'})"
 
 
+def _runs_dir_is_a_folder(cfg: PipelineConfig) -> None:
+    """A RunDirError naming `run.runs_dir` where it, or a folder above it, is a file: the run could not start."""
+    from pathlib import Path
+
+    for path in (cfg.run_dir, *cfg.run_dir.parents):
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"run.runs_dir: {str(Path(cfg.run.runs_dir))!r} cannot hold run directories: "
+                              f"{str(path)!r} is a file, not a folder")
+
+
 def _run_directory(cfg: PipelineConfig) -> str:
     """What `igrpo run` would do with the run directory; a RunDirError where it would refuse."""
+    _runs_dir_is_a_folder(cfg)
     refuse_if_locked(cfg.run_dir)
     try:
         manifest = Manifest.load(cfg.run_dir)
@@ -405,6 +416,7 @@ def preflight(cfg: PipelineConfig) -> None:
 
     Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
     """
+    _runs_dir_is_a_folder(cfg)
     _problems(cfg)
     _policy_model(cfg)
     _reward_model_backbone(cfg)

@@ -240,6 +240,13 @@ def test_a_reward_function_that_reads_what_only_grpo_gives_is_left_to_grpo(tmp_p
     preflight(config_from_dict(data, check_trl=False))  # no error: GRPO's own call checks it
 
 
+def test_a_runs_dir_that_is_a_file_is_named_before_anything_is_written(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("a file where the runs should go")
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path), f"run.runs_dir={tmp_path / 'notes.txt'}")
+    assert rc == 2 and err.startswith("igrpo: error: run.runs_dir: ") and "is a file, not a folder" in err, err
+    assert (tmp_path / "notes.txt").read_text() == "a file where the runs should go"
+
+
 # --- tracking -------------------------------------------------------------------------------------------
 
 
