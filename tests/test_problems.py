@@ -317,6 +317,7 @@ def test_gsm8k_missing_file(tmp_path):
         ([row("a", "#### 1"), "{not json"], "bad.jsonl line 2: invalid JSON"),
         ([json.dumps({"answer": "#### 1"})], "bad.jsonl line 1: missing or empty field 'question'"),
         ([json.dumps({"question": "q"})], "bad.jsonl line 1: missing or empty field 'answer'"),
+        ([json.dumps({"question": "q", "answer": 72})], "bad.jsonl line 1: field 'answer' must be text .* got int 72"),
         ([json.dumps(["q", "#### 1"])], "bad.jsonl line 1: expected a JSON object"),
         ([row("a", "1+1=2")], "bad.jsonl line 1: answer has no '#### <number>' line"),
         ([row("a", "#### 1"), row("b", "x\n#### abc")], "bad.jsonl line 2: gold answer 'abc' is not a number"),

@@ -73,7 +73,11 @@ def problem_from_row(row: object, where: str, problem_id: str) -> Problem:
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     for field in ("question", "answer"):
-        if not isinstance(row.get(field), str) or not row[field].strip():
+        value = row.get(field)
+        if value is not None and not isinstance(value, str):  # e.g. "answer": 72, not the rationale's text
+            raise ValueError(f"{where}: field {field!r} must be text (GSM8K's answer is the worked solution "
+                             f"ending in '#### <number>'), got {type(value).__name__} {value!r}")
+        if not value or not value.strip():
             raise ValueError(f"{where}: missing or empty field {field!r}")
     rationale, sep, gold = row["answer"].rpartition("####")
     if not sep:
