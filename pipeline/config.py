@@ -347,7 +347,8 @@ class RewardModelConfig(Section):
 
 
 class EvalConfig(SamplingConfig):
-    num_problems: int = Field(100, ge=1, description="Held-out problems evaluated each round.")
+    num_problems: int = Field(100, ge=1, description=(
+        "Held-out problems evaluated each round (the first N; more than the problem set holds out is an error)."))
     samples_per_problem: int = Field(16, ge=1, description="n samples per problem for Pass@K and Maj@K.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature (DeepSeekMath uses 0.7).")
     best_of_n: list[int] = Field([4, 16], description="N for best-of-N with each RM (each <= samples_per_problem).")

@@ -57,7 +57,7 @@ def run_eval_phase(
     e = cfg.eval
     reward_models, trained_against = (_in_order(d or {}, cfg.reward_model.kinds) for d in (reward_models, trained_against))
     problem_set = problem_set_from_config(cfg)
-    problems = problem_set.test[: e.num_problems]
+    problems = held_out_problems(cfg, problem_set)
     model, tokenizer = load_sampling_model(str(policy_path), e.backend, e.vllm_args)
     render = renderer_from_config(cfg, tokenizer).render
     rendered = [render(p) for p in problems]  # what the RMs score after, too
@@ -97,6 +97,16 @@ def run_eval_phase(
     if plot_path is not None:
         plot_pass_maj({f"round {round_index}": curve}, plot_path)
     return EvalPhaseResult(metrics, curve, json_path, plot_path, {k: t for k, t in tables.items() if t})
+
+
+def held_out_problems(cfg: PipelineConfig, problem_set) -> list:
+    """The first `eval.num_problems` held-out problems; a ValueError naming the field where the set has fewer
+    (cutting silently would log a num_problems that no figure was measured on)."""
+    wanted, held_out = cfg.eval.num_problems, len(problem_set.test)
+    if wanted > held_out:
+        raise ValueError(f"eval.num_problems={wanted} but {problem_set.name} has only {held_out} held-out problems; "
+                         f"lower eval.num_problems to {held_out} or hold out more problems")
+    return problem_set.test[:wanted]
 
 
 def _in_order(paths: dict[str, str], kinds: list[str]) -> dict[str, str]:

@@ -91,22 +91,25 @@ def renderer_from_config(cfg, tokenizer) -> PromptRenderer:
 
 
 def check_prompt_format(cfg, problem: Problem) -> str:
-    """Preflight: the prompt format resolves on the round-0 policy's tokenizer and renders `problem`.
+    """Preflight: the prompt format resolves on the round-0 policy's tokenizer and renders `problem`, and the
+    tokenized prompt does not end in the EOS (a tokenizer with ``add_eos_token``, or a post-processor that
+    appends it, would start every sample after an end of sequence, in GRPO as in sampling).
 
-    Returns the resolved format. Loads a real model's tokenizer only when `problems.prompt_format` or
-    `problems.system_prompt` is set (left unset, any tokenizer resolves to a format).
+    Returns the resolved format.
     """
-    p = cfg.problems
     if cfg.policy.model == "tiny":
         from models import char_tokenizer
 
         tokenizer = char_tokenizer()
-    elif p.prompt_format is None and p.system_prompt is None:
-        return "default"
     else:
         from models.factories import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.policy.model)
     renderer = renderer_from_config(cfg, tokenizer)
-    renderer.render(problem)  # a template that refuses the messages (e.g. no system role) fails here
+    ids = tokenizer(renderer.render(problem)).input_ids  # a template that refuses the messages fails here
+    if ids and ids[-1] == tokenizer.eos_token_id:
+        raise ValueError(
+            f"policy.model: its tokenizer ends every prompt with its EOS token {tokenizer.eos_token!r}, so every "
+            "sample would start after an end of sequence; turn that off in the model's tokenizer files "
+            '("add_eos_token": false in tokenizer_config.json, or the post-processor in tokenizer.json)')
     return renderer.format

@@ -305,7 +305,10 @@ def _ensure_run(manifest: Manifest, key: str, parent: str, tags: dict) -> str:
 
 
 def _problems(cfg: PipelineConfig) -> str:
+    from pipeline.eval_phase import held_out_problems
+
     problems = problem_set_from_config(cfg)
+    held_out_problems(cfg, problems)
     return f"{problems.name}: {len(problems.train)} train, {len(problems.test)} held-out problems"
 
 
@@ -332,6 +335,10 @@ def _prompts(cfg: PipelineConfig) -> str:
         problem = problem_set_from_config(cfg).train[0]
     except Exception:  # the problems check reports it
         return "not checked: the problem set does not load"
+    try:
+        _policy_model(cfg)
+    except Exception:  # the policy.model check reports it
+        return "not checked: the policy does not load"
     return f"prompt format {check_prompt_format(cfg, problem)}"
 
 

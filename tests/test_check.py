@@ -132,6 +132,19 @@ def test_check_on_a_bad_config_exits_2_before_any_check(tmp_path, capsys):
     assert err.startswith("igrpo: error: ") and "run.rounds: Input should be greater than or equal to 1" in err
 
 
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("problems.arithmetic.start_range=[5, 1]", "start_range is reversed: low 5 > high 1"),
+    ("problems.arithmetic.max_value=10", "start_range must have low >= 0 and high <= 10, got (1, 20)"),
+    ("problems.arithmetic.operators=['+', '+']", "operators has duplicates"),
+], ids=["reversed", "above-max-value", "duplicate-operators"])
+def test_an_arithmetic_section_that_cannot_build_its_set_names_the_section(tmp_path, capsys, setting, expected):
+    # Fields each valid alone but not together: EmbeddedArithmetic's error, which named only the field.
+    rc, _, err = cli(capsys, "check", str(write(tmp_path, mini_config(tmp_path))), "--set", setting)
+    assert rc == 2
+    errors = [line for line in err.splitlines() if line.startswith("igrpo: error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"igrpo: error: problems.arithmetic: {expected}"), err
+
+
 # --- a YAML key given twice -------------------------------------------------------------------------------
 
 DUPLICATES = {

@@ -95,6 +95,30 @@ def test_chat_prompts_on_a_tokenizer_without_a_template_fail_at_preflight(tmp_pa
                       "set problems.prompt_format: plain")
 
 
+@pytest.mark.parametrize("appends", [False, True], ids=["control", "appends-eos"])
+def test_a_tokenizer_that_appends_its_eos_to_every_text_is_refused_before_any_work(tmp_path, capsys, appends):
+    # Llama-2's layout with add_eos_token (here its post-processor): every prompt would end in </s>, in
+    # GRPO's tokenization and sampling's alike, and the policy would learn to write after an end of sequence.
+    from tokenizers import processors
+
+    from pipeline.rounds import preflight
+    from tests.tokenizer_cases import metaspace_tokenizer, policy_and_prm
+
+    tok = metaspace_tokenizer()
+    if appends:
+        tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A </s>", special_tokens=[("</s>", tok.eos_token_id)])
+        assert tok("Q: 3").input_ids[-1] == tok.eos_token_id
+    policy_and_prm(tok, tmp_path / "models")
+    data = mini_config(tmp_path, policy={"model": str(tmp_path / "models" / "policy")})
+    if not appends:
+        preflight(config_from_dict(data, check_trl=False))
+        return
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert_user_error(tmp_path, rc, err, "policy.model: its tokenizer ends every prompt with its EOS token '</s>'",
+                      '"add_eos_token": false')
+
+
 def test_good_gsm8k_data_passes_preflight(tmp_path):
     # The control for the rows above: the same files, well formed, load.
     from pipeline.rounds import preflight
@@ -102,7 +126,8 @@ def test_good_gsm8k_data_passes_preflight(tmp_path):
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train.write_text(row("Q1?") + "\n\n" + row("Q2?", "$1,000 in all.\n#### 1,000") + "\n")
     test.write_text(GOOD_TEST)
-    data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"train_path": str(train), "test_path": str(test)}})
+    data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"train_path": str(train), "test_path": str(test)}},
+                       eval={"num_problems": 3})  # GOOD_TEST's 3 rows
     preflight(config_from_dict(data, check_trl=False))
     assert not (tmp_path / "runs").exists()  # preflight writes nothing in the runs dir
 
@@ -245,6 +270,16 @@ def test_a_runs_dir_that_is_a_file_is_named_before_anything_is_written(tmp_path,
     rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path), f"run.runs_dir={tmp_path / 'notes.txt'}")
     assert rc == 2 and err.startswith("igrpo: error: run.runs_dir: ") and "is a file, not a folder" in err, err
     assert (tmp_path / "notes.txt").read_text() == "a file where the runs should go"
+
+
+def test_more_eval_problems_than_the_held_out_set_holds_is_named_before_anything_is_written(tmp_path, capsys):
+    # mini_config holds out 20 problems: asking for 21 used to evaluate 20 while MLflow logged 21.
+    rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path), "eval.num_problems=21")
+    assert_user_error(tmp_path, rc, err, "eval.num_problems=21 but arithmetic has only 20 held-out problems")
+    assert err.count("\n") == 1, err
+    from pipeline.rounds import preflight
+
+    preflight(config_from_dict(mini_config(tmp_path, eval={"num_problems": 20}), check_trl=False))  # all 20: fine
 
 
 # --- tracking -------------------------------------------------------------------------------------------

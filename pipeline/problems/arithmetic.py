@@ -398,7 +398,10 @@ class ArithmeticConfig(ProblemSetConfig):
 
 def _from_config(section: ArithmeticConfig, seed: int) -> EmbeddedArithmetic:
     # The run seed draws the problems: another seed is another problem set.
-    return EmbeddedArithmetic(seed=seed, **section.model_dump())
+    try:
+        return EmbeddedArithmetic(seed=seed, **section.model_dump())
+    except ValueError as e:  # a combination of fields the section's own validators pass: name the section
+        raise ValueError(f"problems.arithmetic: {e}") from e
 
 
 PROBLEM_SET = ProblemSetKind("arithmetic", ArithmeticConfig, _from_config, "The embedded problem set.",
