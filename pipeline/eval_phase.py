@@ -15,6 +15,7 @@ from pipeline.evaluate import best_of_n_accuracy, evaluate_policy, plot_pass_maj
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.replay import read_shard
+from pipeline.rewards import reward_models_needed
 from pipeline.rundir import write_json_atomic
 from pipeline.sample_tables import eval_samples, sample_table, scored_by
 from pipeline.scorers import Scores
@@ -43,9 +44,10 @@ def run_eval_phase(
 
     Args:
         reward_models: kind -> checkpoint, for best-of-N (none: skipped).
-        trained_against: kind -> the RM the policy was trained against (the previous round's), for the
-            hacking monitor on the fresh samples of `shard_path` (either missing: skipped), against the
-            calibration kept in that checkpoint where it has one (`monitor_figures`).
+        trained_against: kind -> the previous round's RM, whose scores of the fresh samples of `shard_path` go in
+            the collect sample table; the hacking monitor reads those GRPO trained against
+            (`reward_models_needed`), against the calibration kept in the checkpoint where it has one
+            (`monitor_figures`). Either missing: skipped.
         json_path, plot_path: where eval.json and the Pass@K / Maj@K plot go (None: not written).
 
     The sample tables (`tracking.sample_table_rows` rows; `pipeline.sample_tables`) come with the result:
@@ -86,6 +88,8 @@ def run_eval_phase(
             same = path == reward_models.get(kind)
             scorer = scorers[kind] if same else load_scorer(kind, path, cfg.reward_model, e.batch_size)
             fresh[kind] = scorer.scores([x["prompt"] for x in shard], [x["completion"] for x in shard])
+            if kind not in reward_models_needed(cfg):
+                continue  # GRPO never read it (an outcome run's PRM, the oracle's): in the table, not monitored
             figures = monitor_figures(fresh[kind].solutions, [x["outcome"] for x in shard],
                                       fresh_calibration(path, shard), e.monitor_threshold)
             metrics |= {f"monitor/{kind}_{name}": v for name, v in figures.items()}

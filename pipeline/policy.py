@@ -37,7 +37,7 @@ from pipeline.config import PipelineConfig, grpo_config
 from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.reward_model import load_scorer
-from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_spec
+from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_models_needed
 from pipeline.rundir import scratch_dir, train_in_scratch
 from pipeline.scorers import GoldStepScorer, PrmScorer
 from pipeline.steps import step_token_ends, token_spans
@@ -241,22 +241,6 @@ def build_reward_funcs(cfg: PipelineConfig, problem_set: ProblemSet, scorers: Ma
     it is the reward, weight 1). `scorers`: RM kind -> the loaded scorer a reward function needs."""
     weights = active_rewards(cfg.supervision.mode, cfg.supervision.rewards)
     return [build_reward_func(name, problem_set, scorers) for name in weights], list(weights.values())
-
-
-def reward_models_needed(cfg: PipelineConfig) -> dict[str, str]:
-    """The RM kinds the GRPO phase loads, each with the setting that needs it: the PRM in process and hybrid
-    mode, and the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome and
-    hybrid mode). With `reward_model.oracle` the gold step labels replace the PRM's scores: no PRM is loaded
-    for them."""
-    mode = cfg.supervision.mode
-    needed = {"prm": f"{mode} supervision"} if mode in ("process", "hybrid") else {}
-    if cfg.reward_model.oracle is not None:
-        needed.pop("prm", None)
-    for name in active_rewards(cfg.supervision.mode, cfg.supervision.rewards):
-        kind = reward_spec(name).reward_model
-        if kind is not None:
-            needed.setdefault(kind, f"supervision.rewards.{name} > 0")
-    return needed
 
 
 def policy_peft_config(cfg: PipelineConfig):

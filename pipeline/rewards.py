@@ -127,6 +127,22 @@ def active_rewards(mode: str, weights: Mapping[str, float]) -> dict[str, float]:
     return {n: weights.get(n, 0.0) for n in REWARD_FUNCS if n == "verifier" or weights.get(n, 0.0) > 0}
 
 
+def reward_models_needed(cfg) -> dict[str, str]:
+    """The RM kinds the GRPO phase loads, each with the setting that needs it: the PRM in process and hybrid
+    mode, and the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome and
+    hybrid mode). With `reward_model.oracle` the gold step labels replace the PRM's scores: no PRM is loaded
+    for them."""
+    mode = cfg.supervision.mode
+    needed = {"prm": f"{mode} supervision"} if mode in ("process", "hybrid") else {}
+    if cfg.reward_model.oracle is not None:
+        needed.pop("prm", None)
+    for name in active_rewards(cfg.supervision.mode, cfg.supervision.rewards):
+        kind = reward_spec(name).reward_model
+        if kind is not None:
+            needed.setdefault(kind, f"supervision.rewards.{name} > 0")
+    return needed
+
+
 def build_reward_func(name: str, problem_set: ProblemSet, scorers: Mapping[str, SolutionScorer]) -> RewardFunc:
     """The reward function `name`, wrapped by `checked` and named `name` (TRL logs `rewards/<name>/mean`)."""
     return checked(reward_spec(name).build(problem_set, scorers), name)

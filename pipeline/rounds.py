@@ -198,7 +198,7 @@ def run_round(cfg: PipelineConfig, r: int, step: Step | None = None) -> dict[str
     shard = step(r, "collect", policy=policy.path)
     rms = step(r, "reward_model", policy=policy.path, previous=previous_rms)  # warm start, new shard + replay
     ev = step(r, "eval", policy=policy.path, reward_models=rms.paths, shard=shard.path,
-              trained_against=previous_rms or rms.paths)  # the hacking monitor reads the RMs GRPO trained on
+              trained_against=previous_rms or rms.paths)  # what GRPO read of these: the hacking monitor's
     return {"policy": policy, "collect": shard, "reward_model": rms, "eval": ev}
 
 

@@ -158,8 +158,17 @@ def test_eval_phase_reports_the_rise_against_a_calibration_and_only_fresh_figure
     assert m["monitor/prm_alarm"] == float(m["monitor/prm_gap_rise"] > 0.1)
     # The PRM's step AUC against gold on the eval samples (embedded set): a ranking, or NaN without both classes.
     assert math.isnan(m["eval/prm_step_auc_gold"]) or 0 <= m["eval/prm_step_auc_gold"] <= 1
-    assert {k for k in m if k.startswith("monitor/orm")} == {"monitor/orm_gap", "monitor/orm_auc"}
-    assert len(res.tables["collect"]) == 8 and "prm_score" in res.tables["collect"][0]  # the sample table still there
+    # Process mode: GRPO never read the ORM, so it is not monitored, though the sample table shows its scores.
+    assert not {k for k in m if k.startswith("monitor/orm")}
+    assert len(res.tables["collect"]) == 8 and {"prm_score", "orm_score"} <= set(res.tables["collect"][0])
+    # An outcome run on the ORM reads it: monitored, with fresh figures only (it has no calibration); the PRM
+    # that run never read is not, and neither is a PRM that the oracle's gold labels stood in for.
+    on_orm = cfg.model_copy(update={"supervision": cfg.supervision.model_copy(
+        update={"mode": "outcome", "rewards": {"orm": 1.0}})})
+    m = run_eval_phase(on_orm, tiny_dirs / "policy", 1, rms, rms, shard).metrics
+    assert {k for k in m if k.startswith("monitor/")} == {"monitor/orm_gap", "monitor/orm_auc"}
+    oracle = cfg.model_copy(update={"reward_model": cfg.reward_model.model_copy(update={"oracle": "gold"})})
+    assert not {k for k in run_eval_phase(oracle, tiny_dirs / "policy", 1, rms, rms, shard).metrics if "monitor/" in k}
 
     # A shard the RM trained on (round 0's monitor reads round 0's RMs on round 0's shard): nothing to compare.
     own = write_shard([make_row(0, i, outcome=i % 2) for i in range(8)], tmp_path / "own.parquet")
@@ -222,3 +231,4 @@ def test_within_position_auc_sees_through_a_prm_that_learned_only_where_a_step_s
     assert math.isnan(within_position_auc([[0.5, 0.5]], [[1, 1]]))
     assert within_position_auc([*sees, [0.3]], [*gold, [1, 0]]) == 1.0
     assert within_position_auc([*sees, [0.3]], [*gold, None]) == 1.0
+
