@@ -232,3 +232,24 @@ def test_within_position_auc_sees_through_a_prm_that_learned_only_where_a_step_s
     assert within_position_auc([*sees, [0.3]], [*gold, [1, 0]]) == 1.0
     assert within_position_auc([*sees, [0.3]], [*gold, None]) == 1.0
 
+
+def test_monitor_noise_bootstraps_whole_prompts():
+    """bench/monitor_noise.py: the held-out gap's noise is its prompts', not its samples'."""
+    import random
+
+    import numpy as np
+
+    from tests._harness import load_bench
+
+    noise = load_bench("monitor_noise")
+    rng = random.Random(0)
+    prompts = [(f"p{i}", rng.random(), rng.randint(0, 1)) for i in range(20)]
+    # Every prompt's 8 samples alike: as noisy as the 20 prompts alone, i.e. the SE of 20 (score - outcome)s.
+    rows = [p for p in prompts for _ in range(8)]
+    grouped = noise.prompt_bootstrap_se([s for _, s, _ in rows], [o for _, _, o in rows], [p for p, _, _ in rows])
+    alone = noise.prompt_bootstrap_se([s for _, s, _ in prompts], [o for _, _, o in prompts], [p for p, _, _ in prompts])
+    assert grouped == pytest.approx(alone)
+    assert grouped == pytest.approx(np.std([s - o for _, s, o in prompts], ddof=1) / np.sqrt(20), rel=0.1)
+    # Taking each sample for a prompt of its own would claim about sqrt(8) times less noise.
+    naive = noise.prompt_bootstrap_se([s for _, s, _ in rows], [o for _, _, o in rows], [str(i) for i in range(160)])
+    assert naive < grouped / 2
