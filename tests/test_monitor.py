@@ -168,7 +168,9 @@ def test_eval_phase_reports_the_rise_against_a_calibration_and_only_fresh_figure
     m = run_eval_phase(on_orm, tiny_dirs / "policy", 1, rms, rms, shard).metrics
     assert {k for k in m if k.startswith("monitor/")} == {"monitor/orm_gap", "monitor/orm_auc"}
     oracle = cfg.model_copy(update={"reward_model": cfg.reward_model.model_copy(update={"oracle": "gold"})})
-    assert not {k for k in run_eval_phase(oracle, tiny_dirs / "policy", 1, rms, rms, shard).metrics if "monitor/" in k}
+    m = run_eval_phase(oracle, tiny_dirs / "policy", 1, rms, rms, shard).metrics
+    assert not {k for k in m if "monitor/" in k}
+    assert {"bon/prm@2", "bon/prm_vote@2", "eval/prm_step_auc_gold"} <= set(m)  # the PRM still evaluated as usual
 
     # A shard the RM trained on (round 0's monitor reads round 0's RMs on round 0's shard): nothing to compare.
     own = write_shard([make_row(0, i, outcome=i % 2) for i in range(8)], tmp_path / "own.parquet")

@@ -41,8 +41,11 @@ def test_round_zero_bootstraps_and_its_monitor_reads_its_own_rms(tmp_path):
     ]
 
 
-def test_round_r_trains_from_the_previous_policy_against_the_previous_rms(tmp_path):
-    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
+@pytest.mark.parametrize("oracle", [None, "gold"], ids=["prm", "oracle"])
+def test_round_r_trains_from_the_previous_policy_against_the_previous_rms(tmp_path, oracle):
+    # With the oracle, the gold labels stand in for the PRM inside GRPO only: the RMs are trained, warm-started
+    # and evaluated as usual, so the round's other figures compare with a PRM arm's.
+    cfg = config_from_dict(mini_config(tmp_path, reward_model={"oracle": oracle}), check_trl=False)
     manifest = Manifest(cfg.run_dir, {"config": {}, "phases": {}, "mlflow": {}})
     for name, output in {"policy": {"path": "p0", "metrics": {}}, "collect": {"path": "s0", "metrics": {}},
                          "reward_model": {"paths": {"prm": "r0"}, "versions": {}, "metrics": {}},
