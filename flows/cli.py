@@ -79,9 +79,10 @@ def cmd_eval(args) -> None:
     rms = {kind: resolve_model_uri(path) for kind, path in _kind_paths(args.reward_model, "--reward-model").items()}
     res = run_eval_phase(cfg, args.policy, reward_models=rms, round_index=args.round,
                          json_path=Path(args.out) if args.out else None)
-    print(f"{'metric':<20}{'value':>10}")
+    width = max(map(len, ["metric", *res.metrics])) + 2  # the longest name still leaves its value a column
+    print(f"{'metric':<{width}}{'value':>10}")
     for k, v in res.metrics.items():
-        print(f"{k:<20}{v:>10.4f}")
+        print(f"{k:<{width}}{v:>10.4f}")
 
 
 def _kind_paths(pairs: list[str], option: str) -> dict[str, str]:
