@@ -14,7 +14,6 @@ it, in those standard errors (a frozen RM's rises in every later round).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from pipeline.config import config_from_dict
 from pipeline.eval_phase import hacking_gap
 from pipeline.replay import read_shard
 from pipeline.reward_model import load_scorer, read_calibration, split_holdout
-from pipeline.rundir import RunDir
+from pipeline.rundir import Manifest, RunDir, read_json
 
 
 def prompt_bootstrap_se(scores: Sequence[float], outcomes: Sequence[int], prompts: Sequence[str],
@@ -49,7 +48,7 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="+", help="RM kinds (default: the run's reward_model.kinds)")
     ap.add_argument("--resamples", type=int, default=2000)
     args = ap.parse_args()
-    cfg = config_from_dict(json.loads((args.run_dir / "manifest.json").read_text())["config"], check_trl=False)
+    cfg = config_from_dict(Manifest.load(args.run_dir).data["config"], check_trl=False)
     run, rm = RunDir(args.run_dir), cfg.reward_model
     print(f"{args.run_dir}: eval.monitor_threshold {cfg.eval.monitor_threshold}")
     print(f"{'RM':<12} {'rows':>4} {'prompts':>7} {'held-out gap':>12} {'SE':>6} {'read in':>8} {'rise':>7} {'rise/SE':>7}")
@@ -66,7 +65,7 @@ def main() -> None:
             gap, se = hacking_gap(scores, outcomes), prompt_bootstrap_se(scores, outcomes, prompts, args.resamples)
             assert abs(gap - cal["gap"]) < 1e-6, f"{checkpoint}: recomputed gap {gap} against calibration {cal['gap']}"
             later = range(r + 1, cfg.run.rounds + 1) if not rm.retrain else [r + 1]
-            rises = [(t, json.loads(run.eval_json(t).read_text())["metrics"].get(f"monitor/{kind}_gap_rise"))
+            rises = [(t, read_json(run.eval_json(t))["metrics"].get(f"monitor/{kind}_gap_rise"))
                      for t in later if run.eval_json(t).is_file()]
             for t, rise in rises or [(None, None)]:
                 read = "-" if t is None else f"round {t}"

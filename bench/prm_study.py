@@ -45,6 +45,7 @@ from pathlib import Path
 from _common import table  # (also sets sys.path, quiet warnings and tqdm)
 
 from pipeline.config import config_from_dict  # noqa: E402
+from pipeline.eval_phase import held_out_problems  # noqa: E402
 from pipeline.rundir import Manifest, RunDir, read_json, write_json_atomic  # noqa: E402
 
 VARIANTS: dict[str, list[str]] = {
@@ -108,7 +109,7 @@ def test_samples(cfg, run: Path, r: int, n: int, cache: Path) -> dict:
     from pipeline.prompts import renderer_from_config
 
     ps = problem_set_from_config(cfg)
-    problems = ps.test[: cfg.eval.num_problems]
+    problems = held_out_problems(cfg, ps)
     model, tok = load_sampling_model(str(RunDir(run).policy(r)), "hf", {})
     prompts = [renderer_from_config(cfg, tok).render(p) for p in problems]
     e = cfg.eval
@@ -141,7 +142,7 @@ def study_round(cfg, variant: str, name: str, run: Path, r: int, prev: str | Non
     by_id = {p.id: p for p in [*ps.train, *ps.test]}
     scorer = load_scorer("prm", path, rm, cfg.eval.batch_size)
     test = test_samples(cfg, run, r, samples, out / f"test-samples-round-{r:03d}.json")
-    tests = ps.test[: cfg.eval.num_problems]
+    tests = held_out_problems(cfg, ps)
     return {"checkpoint": str(path), "train_rows": len(rows), "train_seconds": seconds,
             "held_out": step_auc_gold(scorer, ps, [x["prompt"] for x in held], [x["completion"] for x in held],
                                       [by_id[x["prompt_id"]] for x in held]),

@@ -27,6 +27,7 @@ import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
 import numpy as np
 
 from pipeline.config import config_from_dict
+from pipeline.eval_phase import held_out_problems
 from pipeline.evaluate import evaluate_policy, maj_at_k
 from pipeline.generation import load_sampling_model
 from pipeline.problems import problem_set_from_config
@@ -73,7 +74,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = config_from_dict(json.loads((args.run_dir / "manifest.json").read_text())["config"])
     problem_set = problem_set_from_config(cfg)
-    problems = problem_set.test[: cfg.eval.num_problems] + fresh_problems(cfg, args.fresh)
+    problems = held_out_problems(cfg, problem_set) + fresh_problems(cfg, args.fresh)
     run = RunDir(args.run_dir)
     policies = {f"round {r}": run.policy(r) for r in args.rounds} | {str(p): p for p in args.policy}
     names = list(policies)

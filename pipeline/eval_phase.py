@@ -83,12 +83,12 @@ def run_eval_phase(
 
     if trained_against and shard_path:
         shard = read_shard(shard_path)
-        fresh = {}
+        fresh, monitored = {}, reward_models_needed(cfg)
         for kind, path in trained_against.items():
             same = path == reward_models.get(kind)
             scorer = scorers[kind] if same else load_scorer(kind, path, cfg.reward_model, e.batch_size)
             fresh[kind] = scorer.scores([x["prompt"] for x in shard], [x["completion"] for x in shard])
-            if kind not in reward_models_needed(cfg):
+            if kind not in monitored:
                 continue  # GRPO never read it (an outcome run's PRM, the oracle's): in the table, not monitored
             figures = monitor_figures(fresh[kind].solutions, [x["outcome"] for x in shard],
                                       fresh_calibration(path, shard), e.monitor_threshold)
