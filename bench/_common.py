@@ -12,7 +12,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.bootstrap import run_bootstrap  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
+from pipeline.loading import load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("IGRPO_BENCH_CACHE", "/tmp/igrpo-bench"))

@@ -39,8 +39,9 @@ from pipeline.advantages import (
     outcome_advantages,
     process_advantages,
 )
-from pipeline.config import config_from_dict, grpo_config
 from pipeline.generation import load_sampling_model, sample
+from pipeline.loading import config_from_dict
+from pipeline.passthrough import grpo_config
 from pipeline.policy import completion_steps, scored_steps
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config

@@ -57,7 +57,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import yaml  # noqa: E402
 
-from pipeline.rounds import PHASES  # noqa: E402
+from pipeline.phases import PHASES  # noqa: E402
 from tests.conftest import mini_config  # noqa: E402
 
 CHECKPOINTS = ("policy", "reward_model/prm", "reward_model/orm")

@@ -21,8 +21,8 @@ from pathlib import Path
 import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
 import numpy as np
 
-from pipeline.config import config_from_dict
 from pipeline.eval_phase import hacking_gap
+from pipeline.loading import config_from_dict
 from pipeline.replay import read_shard
 from pipeline.reward_model import load_scorer, read_calibration, split_holdout
 from pipeline.rundir import Manifest, RunDir, read_json

@@ -20,7 +20,8 @@ from trl import GRPOTrainer
 
 from models import reward_model_from_policy, save_model
 from models.factories import load_tokenizer
-from pipeline.config import grpo_config, load_config
+from pipeline.loading import load_config
+from pipeline.passthrough import grpo_config
 from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, policy_peft_config, round_prompts
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config

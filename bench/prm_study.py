@@ -44,8 +44,8 @@ from pathlib import Path
 
 from _common import table  # (also sets sys.path, quiet warnings and tqdm)
 
-from pipeline.config import config_from_dict  # noqa: E402
 from pipeline.eval_phase import held_out_problems  # noqa: E402
+from pipeline.loading import config_from_dict  # noqa: E402
 from pipeline.rundir import Manifest, RunDir, read_json, write_json_atomic  # noqa: E402
 
 VARIANTS: dict[str, list[str]] = {

@@ -26,10 +26,10 @@ from pathlib import Path
 import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
 import numpy as np
 
-from pipeline.config import config_from_dict
 from pipeline.eval_phase import held_out_problems
 from pipeline.evaluate import evaluate_policy, maj_at_k
 from pipeline.generation import load_sampling_model
+from pipeline.loading import config_from_dict
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.rundir import RunDir

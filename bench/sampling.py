@@ -12,8 +12,8 @@ import time
 
 from _common import bootstrapped_policy, quickstart
 
-from pipeline.config import load_config
 from pipeline.generation import load_sampling_model, sample
+from pipeline.loading import load_config
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 

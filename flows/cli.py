@@ -13,7 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
-from pipeline.config import ConfigError, PipelineConfig, load_config
+from pipeline.config import ConfigError, PipelineConfig
+from pipeline.loading import load_config
 
 
 def _config(args) -> PipelineConfig:
@@ -22,7 +23,8 @@ def _config(args) -> PipelineConfig:
 
 def cmd_run(args) -> None:
     cfg = _config(args)
-    from pipeline.rounds import abandon, preflight
+    from pipeline.preflight import preflight
+    from pipeline.rounds import abandon
     from pipeline.rundir import refuse_if_locked
 
     preflight(cfg)  # fail fast and quietly, before Prefect starts
@@ -35,7 +37,7 @@ def cmd_run(args) -> None:
     from flows.iterative import iterative_rl
     from pipeline.compare import rounds_from_run_dir, tables_text
 
-    result = iterative_rl(cfg.model_dump(mode="json"), force=args.force)
+    result = iterative_rl(cfg.model_dump(mode="json"), force=args.force, checked=True)
     print(tables_text([(cfg.run.name, rounds_from_run_dir(cfg.run_dir))]))
     print(f"run directory: {result['run_dir']}  (igrpo compare {result['run_dir']}: the same tables and a plot)")
     print(f"MLflow: parent run {result['mlflow_run']}, experiment {cfg.tracking.experiment!r}, "
@@ -46,7 +48,7 @@ def cmd_check(args) -> int:
     """Validate the config and run the preflight, creating nothing; the resolved config on stdout."""
     import yaml
 
-    from pipeline.rounds import check_run
+    from pipeline.preflight import check_run
 
     cfg = _config(args)
     found, errors = check_run(cfg)
@@ -94,8 +96,9 @@ def _kind_paths(pairs: list[str], option: str) -> dict[str, str]:
 
 
 def cmd_grpo(args) -> None:
-    from pipeline.policy import reward_models_needed, run_policy_phase
+    from pipeline.policy import run_policy_phase
     from pipeline.problems import problem_set_from_config
+    from pipeline.rewards import reward_models_needed
     from pipeline.tracking import resolve_model_uri
 
     cfg = _config(args)

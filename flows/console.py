@@ -10,7 +10,7 @@ user has set nothing (environment, Prefect profile): turning a thing back on is 
 - TRL 1.16 calls transformers 5's deprecated `is_gradient_checkpointing` and
   `gradient_checkpointing_enable/disable` around every GRPO generation (PEFT reads the first when it wraps
   a LoRA model): FutureWarnings no setting of ours avoids (the config builders already pass the new
-  `activation_checkpointing`, see `pipeline.config.checkpointing_defaults`).
+  `activation_checkpointing`, see `pipeline.passthrough.checkpointing_defaults`).
 - Trainer prints each logged dict (every step in GRPO) under its progress bar: those go to MLflow; the bar stays.
 - transformers' "Loading weights" / "Writing model shards" bars and datasets' map bars: a dozen per round,
   each under a second at the quickstart's size (downloads from the hub keep their bars).
@@ -24,7 +24,7 @@ import os
 import sys
 import warnings
 
-PHASE_LOGGER = "pipeline"  # `pipeline.rounds` logs one line per finished phase at INFO
+PHASE_LOGGER = "pipeline"  # `pipeline.phases` logs one line per finished phase at INFO
 
 _TRL_DEPRECATED_CALLS = r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated"
 

@@ -1,8 +1,9 @@
-"""The iterative RL flow: `pipeline.rounds.run_rounds` with a Prefect subflow per round and a task per phase.
+"""The iterative RL flow: a Prefect subflow per round and a task per phase of `pipeline.phases.PHASES`.
 
-Flows only orchestrate: Algorithm 1 is `pipeline.rounds.run_round`, given Prefect's task as its `step`;
-`run_phase` skips what the manifest records as done, so re-running the flow on a run directory resumes it.
-Tasks pass paths, never models.
+Flows only orchestrate: what each phase reads of the earlier ones (Algorithm 1's data flow) is declared in the
+phase table, and `run_phase` reads it from the run directory's manifest and skips what is recorded as done, so
+re-running the flow on a run directory resumes it. Tasks pass a round and a phase's name, never models; the MLflow
+lifecycle of the pipeline's run and each round's is `pipeline.rounds`' context managers.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from prefect.artifacts import (
 
 from pipeline import rounds, tracking
 from pipeline.config import PipelineConfig
+from pipeline.phases import PHASES, PhaseResult, run_phase
+from pipeline.preflight import preflight
 from pipeline.rundir import run_lock
 
 
 @task(task_run_name="{phase}-round-{round_index}")
-def phase_task(config: dict, round_index: int, phase: str, inputs: dict) -> rounds.PhaseResult:
+def phase_task(config: dict, round_index: int, phase: str) -> PhaseResult:
     """Run one phase of one round (a no-op when already done)."""
-    return rounds.run_phase(PipelineConfig.model_validate(config), round_index, phase, **inputs)
+    return run_phase(PipelineConfig.model_validate(config), round_index, phase)
 
 
 @flow(flow_run_name="round-{round_index}")
@@ -32,7 +35,8 @@ def round_flow(config: dict, round_index: int) -> dict:
     cfg = PipelineConfig.model_validate(config)
     task_ = phase_task.with_options(retries=cfg.orchestration.retries,
                                     retry_delay_seconds=cfg.orchestration.retry_delay_seconds)
-    results = rounds.run_round(cfg, round_index, step=lambda r, phase, **inputs: task_(config, r, phase, inputs))
+    with rounds.one_round(cfg, round_index):
+        results = {name: task_(config, round_index, name) for name in PHASES}
     figures = {k: v for p in ("eval", "reward_model", "collect") for k, v in results[p].metrics.items()}
     create_table_artifact(
         key=f"round-{round_index}", description=f"Round {round_index}: Pass@K, Maj@K, greedy, RM quality",
@@ -43,20 +47,22 @@ def round_flow(config: dict, round_index: int) -> dict:
 
 
 @flow(name="iterative-rl")
-def iterative_rl(config: dict, force: bool = False) -> dict:
-    """DeepSeekMath iterative RL (Algorithm 1) over `run.rounds` rounds; resumes an unfinished run directory."""
+def iterative_rl(config: dict, force: bool = False, checked: bool = False) -> dict:
+    """DeepSeekMath iterative RL (Algorithm 1) over `run.rounds` rounds; resumes an unfinished run directory.
+
+    `checked`: the caller ran the preflight already (`igrpo run`), so it is not run twice.
+    """
     cfg = PipelineConfig.model_validate(config)
-    rounds.preflight(cfg)  # bad data, model path or tracking URI: fail before the run directory is touched
+    if not checked:
+        preflight(cfg)  # bad data, model path or tracking URI: fail before the run directory is touched
     with run_lock(cfg.run_dir):
         manifest = rounds.open_run(cfg, force)
         parent = manifest.data["mlflow"]["parent"]
         create_link_artifact(key="mlflow-run", link=f"{tracking.mlflow.get_tracking_uri()}#/runs/{parent}",
                              description="The pipeline's MLflow parent run")
         progress = create_progress_artifact(0.0, description=f"Rounds done of {cfg.run.rounds + 1}")
-
-        def one_round(r: int) -> None:
-            round_flow(config, r)
-            update_progress_artifact(progress, 100.0 * (r + 1) / (cfg.run.rounds + 1))
-
-        rounds.run_rounds(cfg, one_round)  # ends the rounds' and the parent's MLflow runs
+        with rounds.whole_run(cfg):  # ends the rounds' and the parent's MLflow runs
+            for r in range(cfg.run.rounds + 1):
+                round_flow(config, r)
+                update_progress_artifact(progress, 100.0 * (r + 1) / (cfg.run.rounds + 1))
     return {"run_dir": str(cfg.run_dir), "mlflow_run": parent, "tracking_uri": tracking.mlflow.get_tracking_uri()}

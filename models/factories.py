@@ -21,8 +21,6 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
     AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
@@ -30,10 +28,6 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-# The head of each reward-model kind: it builds, loads and saves the RM, and a checkpoint's architecture
-# (`LlamaForTokenClassification`) tells its kind. What the pipeline does with a kind (training examples,
-# scorer, LoRA task type) is its other half, `pipeline.reward_model.RM_KINDS`, keyed alike.
-RM_HEADS = {"prm": AutoModelForTokenClassification, "orm": AutoModelForSequenceClassification}
 LOCAL_OR_HUB = "a local path starts with ./, / or ~, ends in .gguf, or exists; anything else is a hub id"
 log = logging.getLogger(__name__)
 
@@ -231,17 +225,28 @@ def load_policy(spec: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrain
     return model, tokenizer
 
 
+def rm_head(kind: str):
+    """The transformers auto class of a reward-model kind's model (`pipeline.rm_kinds.RM_KINDS`, the kinds' table)."""
+    import transformers
+
+    from pipeline.rm_kinds import RM_KINDS
+
+    if kind not in RM_KINDS:
+        raise ValueError(f"reward model kind must be one of {sorted(RM_KINDS)}, got {kind!r}")
+    return getattr(transformers, RM_KINDS[kind].head)
+
+
 def reward_model_from_policy(spec: str, kind: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """An ORM (sequence classification) or PRM (token classification) with one logit on a policy's backbone.
+    """A reward model of `kind` (its head: an ORM's sequence classification, a PRM's token classification) with
+    one logit on a policy's backbone.
 
     The backbone weights come from the policy; the head is new (round 0 of the loop).
     """
-    if kind not in RM_HEADS:
-        raise ValueError(f"reward model kind must be one of {sorted(RM_HEADS)}, got {kind!r}")
+    head = rm_head(kind)
     path, gguf = resolve_spec(spec)
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
     with _no_load_report():  # it reports the new head's weights as missing, which is the point here
-        model, info = RM_HEADS[kind].from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32,
+        model, info = head.from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32,
                                                      output_loading_info=True)
     backbone = sorted(k for k in info["missing_keys"] if k.startswith(f"{model.base_model_prefix}."))
     if backbone:  # what the report was for: backbone weights left at their random init
@@ -271,13 +276,21 @@ def _no_load_report():
 
 
 def reward_model_kind(path: str | os.PathLike) -> str:
-    """The kind ('prm', 'orm') of a saved reward model, read from its config's architecture (its head decides)."""
+    """The kind ('prm', 'orm', ...) of a saved reward model: the one its `igrpo.json` records, else the first kind
+    of the table whose head its config's architecture is (checkpoints written before the kind was recorded)."""
+    from pipeline.rm_kinds import RM_KINDS
+
+    marker = Path(path) / "igrpo.json"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        recorded = json.loads(marker.read_text()).get("kind")
+        if recorded in RM_KINDS:
+            return recorded
     config = AutoConfig.from_pretrained(str(path))
-    for kind, head in RM_HEADS.items():
-        suffix = head.__name__.removeprefix("AutoModel")  # LlamaForTokenClassification ends in ForTokenClassification
+    for kind, entry in RM_KINDS.items():
+        suffix = entry.head.removeprefix("AutoModel")  # LlamaForTokenClassification ends in ForTokenClassification
         if any(arch.endswith(suffix) for arch in config.architectures or []):
             return kind
-    expected = " or ".join(kind_name(kind) for kind in RM_HEADS)
+    expected = " or ".join(kind_name(kind) for kind in RM_KINDS)
     raise ValueError(f"{path}: not a reward model (architectures {config.architectures}); expected {expected}")
 
 
@@ -299,7 +312,7 @@ def load_reward_model(
     if expect is not None and kind != expect:
         raise ValueError(f"{path}: is {kind_name(kind)} but {kind_name(expect)} is needed here")
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(resolved), str(path))
-    model = RM_HEADS[kind].from_pretrained(resolved, dtype=torch.float32)
+    model = rm_head(kind).from_pretrained(resolved, dtype=torch.float32)
     return model, tokenizer, kind
 
 
@@ -340,8 +353,11 @@ def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, targe
     return get_peft_model(model, lora_config(r, alpha, dropout, target_modules, task_type, modules_to_save=heads))
 
 
-def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike) -> Path:
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike,
+               kind: str | None = None) -> Path:
     """Save a checkpoint atomically: written to a temp directory beside `path`, then renamed.
+
+    `kind`: a reward model's kind, recorded in its `igrpo.json` (`reward_model_kind` reads it back).
 
     A LoRA model is merged first, so every checkpoint loads with plain `from_pretrained` (safetensors).
     Under several processes (`accelerate launch`) every process calls this: DeepSpeed ZeRO-3's sharded
@@ -350,10 +366,10 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return _write_checkpoint(model, tokenizer, Path(path))
+        return _write_checkpoint(model, tokenizer, Path(path), kind)
     with _whole_weights(model):
         if dist.get_rank() == 0:
-            _write_checkpoint(model, tokenizer, Path(path))
+            _write_checkpoint(model, tokenizer, Path(path), kind)
     dist.barrier()
     return Path(path)
 
@@ -371,7 +387,8 @@ def _whole_weights(model: PreTrainedModel):
         yield
 
 
-def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> Path:
+def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
+                      kind: str | None = None) -> Path:
     from pipeline.rundir import atomic_path
 
     if hasattr(model, "merge_and_unload"):
@@ -379,5 +396,5 @@ def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     with atomic_path(path, directory=True) as tmp:  # the old checkpoint stays whole until the new one is in
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "igrpo.json").write_text(json.dumps({"complete": True}))
+        (tmp / "igrpo.json").write_text(json.dumps({"complete": True, **({"kind": kind} if kind else {})}))
     return path

@@ -11,7 +11,8 @@ from datasets import Dataset
 
 from models import char_tokenizer, load_policy, save_model, tiny_policy
 from models.factories import apply_lora
-from pipeline.config import PipelineConfig, sft_config
+from pipeline.config import PipelineConfig
+from pipeline.passthrough import sft_config
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 

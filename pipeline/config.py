@@ -1,72 +1,28 @@
-"""The run config: pydantic models, YAML loading, ``--set`` overrides, and one clear error per mistake.
+"""The run config's schema: one pydantic model per section, each field documented once (`Field(description=)`,
+rendered as docs/config.md by `config_reference`), and validators whose errors name the field and say the fix.
 
-Every error names the dotted path of the field (``reward_model.replay_fraction: ...``) and is raised
-at load time, before any work starts. ``grpo:`` passes straight through to TRL's ``GRPOConfig`` and
-``bootstrap.sft:`` to ``SFTConfig``; both are validated by building them here.
+The choices that extensions add are read from their tables at validation time: supervision modes
+(`pipeline.modes.MODES`), reward-model kinds (`pipeline.rm_kinds.RM_KINDS`), reward functions
+(`pipeline.rewards.REWARD_FUNCS`) and problem sets (`pipeline.problems.PROBLEM_SETS`, one `problems.<kind>` section
+each). Loading a YAML file with `--set` overrides is `pipeline.loading`; the TRL pass-through sections (`grpo:`,
+`bootstrap.sft_args`, `reward_model.train_args`) are checked by `pipeline.passthrough`.
 """
 
 from __future__ import annotations
 
-import copy
 import re
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
-from pipeline.problems import KNOWN_KINDS, PROBLEM_SETS
+from pipeline import problems as problem_sets
+from pipeline.modes import MODES, step_reward_modes, supervision_mode
+from pipeline.problems import PROBLEM_SETS
 from pipeline.rewards import reward_spec
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-5` as a string; learning rates are written that way, so read them as floats."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$|^[-+]?(?:\d+\.\d*|\.\d+)$"),
-    list("-+0123456789."),
-)
-
-
-def _yaml(text: str) -> Any:
-    """Parse YAML text with `_Loader` (a SafeLoader: no arbitrary objects); a key given twice is a ConfigError.
-
-    PyYAML keeps the last of two equal keys without a word, so a config that sets a field twice would run
-    with whichever came last: the mapping nodes are checked before they become dicts.
-    """
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _refuse_duplicate_keys(node)
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _refuse_duplicate_keys(node: yaml.Node, prefix: str = "", seen: set[int] | None = None) -> None:
-    """Walk a composed YAML document; a mapping holding one key twice is a ConfigError naming it and both lines."""
-    seen = set() if seen is None else seen
-    if id(node) in seen:  # an alias of a node already walked
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        first: dict[str, int] = {}
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode):
-                line = key.start_mark.line + 1
-                if key.value in first:
-                    raise ConfigError(f"{prefix}{key.value}: given twice, at line {first[key.value]} and line {line} "
-                                      "(YAML would silently keep the last one; remove one of them)")
-                first[key.value] = line
-            _refuse_duplicate_keys(value, f"{prefix}{key.value}." if isinstance(key, yaml.ScalarNode) else prefix, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _refuse_duplicate_keys(item, f"{prefix.rstrip('.')}[{i}].", seen)
+from pipeline.rm_kinds import RM_KINDS, rm_entry, step_kinds
 
 
 class ConfigError(ValueError):
@@ -137,19 +93,24 @@ class _ProblemsSection(Section):
         return self
 
 
-# `problems:`: `kind` and one section per problem set (`problems.arithmetic.*`...), from the registry.
-ProblemsConfig = create_model(
-    "ProblemsConfig",
-    __base__=_ProblemsSection,
-    kind=(Literal[KNOWN_KINDS], Field("arithmetic", description="Which problem set.")),
-    **{kind: (p.config, Field(default_factory=p.config, description=p.description))
-       for kind, p in PROBLEM_SETS.items()},
-    prompt_format=(Literal["chat", "plain"] | None, Field(None, description=(
-        "chat: the problem is the user's turn in the tokenizer's chat template, the same text in GRPO, collection, "
-        "evaluation and the RMs; plain: the prompt text as it is. None: chat when the tokenizer has a chat template."))),
-    system_prompt=(str | None, Field(None, description=(
-        "Chat only: a system message before the problem (None: the template's own default, if it has one)."))),
-)
+def _problems_config() -> type[Section]:
+    """`problems:`: `kind` and one section per problem set of the table (`problems.arithmetic.*`...)."""
+    return create_model(
+        "ProblemsConfig",
+        __base__=_ProblemsSection,
+        kind=(Literal[tuple(PROBLEM_SETS)], Field("arithmetic", description="Which problem set.")),
+        **{kind: (p.config, Field(default_factory=p.config, description=p.description))
+           for kind, p in PROBLEM_SETS.items()},
+        prompt_format=(Literal["chat", "plain"] | None, Field(None, description=(
+            "chat: the problem is the user's turn in the tokenizer's chat template, the same text in GRPO, collection, "
+            "evaluation and the RMs; plain: the prompt text as it is. None: chat when the tokenizer has a chat "
+            "template."))),
+        system_prompt=(str | None, Field(None, description=(
+            "Chat only: a system message before the problem (None: the template's own default, if it has one)."))),
+    )
+
+
+ProblemsConfig = _problems_config()
 
 
 class BootstrapConfig(Section):
@@ -160,9 +121,10 @@ class BootstrapConfig(Section):
 
 
 class SupervisionConfig(Section):
-    mode: Literal["outcome", "process", "hybrid", "rft"] = Field("process", description=(
-        "GRPO advantages: outcome, process (PRM), hybrid (outcome + process_weight x process), or rft (Online "
-        "RFT, DeepSeekMath §5.2.1: 1 for a correct sample, 0 otherwise; no baseline, no negative advantages)."))
+    mode: str = Field("process", description=(
+        "GRPO advantages (pipeline/modes.py): outcome, process (PRM), hybrid (outcome + process_weight x process), "
+        "or rft (Online RFT, DeepSeekMath §5.2.1: 1 for a correct sample, 0 otherwise; no baseline, no negative "
+        "advantages)."))
     rewards: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=lambda: {"verifier": 1.0}, description=(
         "Outcome and hybrid mode: reward function -> weight, e.g. {verifier: 1.0, orm: 0.5} (names: "
         "pipeline/rewards.py); the verifier runs at weight 0 too, for its logged accuracy. Replaces "
@@ -176,7 +138,16 @@ class SupervisionConfig(Section):
     process_baseline: Literal["group", "position"] = Field("group", description=(
         "Process and hybrid mode: a step's PRM reward is normalised with every step of its group (DeepSeekMath "
         "§4.1.3) or with the group's steps at the same index only, so a PRM's prior over positions cancels."))
+    process_reward_model: str = Field("prm", description=(
+        "Process and hybrid mode: the RM kind (of reward_model.kinds) whose step scores are the step rewards; "
+        "a kind that scores steps (pipeline/rm_kinds)."))
     prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, v: str) -> str:
+        supervision_mode(v)  # an unknown name: ValueError listing the known ones
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -201,23 +172,21 @@ class SupervisionConfig(Section):
 
     @model_validator(mode="after")
     def _some_reward(self):
-        if self.mode in ("outcome", "hybrid") and not any(w > 0 for w in self.rewards.values()):
+        mode = supervision_mode(self.mode)
+        if mode.weighted_rewards and not any(w > 0 for w in self.rewards.values()):
             raise ValueError(f"{self.mode} mode needs a weight above 0 in supervision.rewards, e.g. {{verifier: 1.0}}")
-        others = [name for name, w in self.rewards.items() if name != "verifier" and w > 0]
-        if self.mode == "rft" and others:
-            raise ValueError(f"rft mode rewards the verifier's correct samples only: drop {', '.join(others)} from "
-                             "supervision.rewards (or use mode: outcome to mix them in)")
+        if mode.check:
+            mode.check(self)
         return self
 
     @model_validator(mode="after")
     def _process_fields_used(self):
         # A knob the mode never reads would look as if it did something: refuse it (values, not fields set,
         # so a stored config with every default written out still loads).
-        used_by = {"process_weight": ("hybrid",), "process_credit": ("process", "hybrid"),
-                   "process_baseline": ("process", "hybrid")}
-        default = {name: type(self).model_fields[name].default for name in used_by}
-        for name, modes in used_by.items():
-            if getattr(self, name) != default[name] and self.mode not in modes:
+        readers = {name: [m for m, spec in MODES.items() if name in spec.reads]
+                   for name in ("process_weight", "process_credit", "process_baseline", "process_reward_model")}
+        for name, modes in readers.items():
+            if getattr(self, name) != type(self).model_fields[name].default and self.mode not in modes:
                 raise ValueError(f"{name} {getattr(self, name)!r} is only used in {' and '.join(modes)} mode, not in "
                                  f"{self.mode} mode: remove it, or set mode: {modes[-1]}")
         return self
@@ -308,8 +277,6 @@ class RewardModelConfig(Section):
     @field_validator("kinds")
     @classmethod
     def _known_kinds(cls, v: list[str]) -> list[str]:
-        from pipeline.reward_model import RM_KINDS  # the table of RM kinds; here, since it imports transformers
-
         unknown = [kind for kind in v if kind not in RM_KINDS]
         if unknown:
             raise ValueError(f"unknown reward model kind {unknown[0]!r}; known: {', '.join(RM_KINDS)}")
@@ -435,8 +402,14 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self):
-        if self.supervision.mode in ("process", "hybrid") and "prm" not in self.reward_model.kinds:
-            raise ValueError(f"reward_model.kinds must include 'prm' when supervision.mode is '{self.supervision.mode}'")
+        mode, step_rm = self.supervision.mode, self.supervision.process_reward_model
+        if supervision_mode(mode).step_rewards:
+            if step_rm not in self.reward_model.kinds:
+                raise ValueError(f"reward_model.kinds must include {step_rm!r} when supervision.mode is '{mode}' "
+                                 f"(supervision.process_reward_model: its step scores are the step rewards)")
+            if not rm_entry(step_rm).scores_steps:
+                raise ValueError(f"supervision.process_reward_model: {step_rm!r} scores whole solutions, not steps; "
+                                 f"give a kind that scores steps: {', '.join(step_kinds())}")
         for name, weight in self.supervision.rewards.items():
             kind = reward_spec(name).reward_model
             if weight > 0 and kind is not None and kind not in self.reward_model.kinds:
@@ -456,9 +429,9 @@ class PipelineConfig(Section):
         oracle = self.reward_model.oracle
         if oracle is None:
             return self
-        if self.supervision.mode not in _STEP_REWARD_MODES:
+        if not supervision_mode(self.supervision.mode).step_rewards:
             raise ValueError(f"reward_model.oracle: {oracle!r} replaces the PRM's step rewards, which only supervision."
-                             f"mode {' or '.join(map(repr, _STEP_REWARD_MODES))} uses, not {self.supervision.mode!r}; "
+                             f"mode {' or '.join(map(repr, step_reward_modes()))} uses, not {self.supervision.mode!r}; "
                              "drop reward_model.oracle or change the mode")
         with_gold = [kind for kind, p in PROBLEM_SETS.items() if p.problem_set.has_gold_step_labels]
         if self.problems.kind not in with_gold:
@@ -470,8 +443,8 @@ class PipelineConfig(Section):
     @model_validator(mode="after")
     def _grpo_fits_mode(self):
         # A TRL option whose effect the mode replaces would be silently ignored: refuse it, with the reason.
-        lines = [f"grpo.{key}: {reason}" for key, (modes, reason) in _REPLACED_GRPO_FIELDS.items()
-                 if key in self.grpo and self.supervision.mode in modes]
+        replaced = supervision_mode(self.supervision.mode).replaces
+        lines = [f"grpo.{key}: {reason}" for key, reason in replaced.items() if key in self.grpo]
         if lines:
             raise ValueError("\n".join(lines))
         return self
@@ -497,23 +470,19 @@ class PipelineConfig(Section):
         return Path(self.run.runs_dir) / self.run.name
 
 
-# Supervision modes whose GRPO advantages come from PRM step rewards, which `reward_model.oracle` replaces.
-_STEP_REWARD_MODES = ("process", "hybrid")
+def _problem_set_registered() -> None:
+    """A problem set added to the table (`pipeline.problems.register_problem_set`) gets its `problems.<kind>`
+    section and its `problems.kind` choice: the `problems:` model is made again and `PipelineConfig` rebuilt."""
+    global ProblemsConfig
+    ProblemsConfig = _problems_config()
+    PipelineConfig.model_fields["problems"] = FieldInfo(annotation=ProblemsConfig, default_factory=ProblemsConfig)
+    PipelineConfig.model_rebuild(force=True)
+
+
+problem_sets.ON_REGISTER.append(_problem_set_registered)
+
 
 _WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}  # the setting that needs no extra
-
-# grpo: fields that some supervision modes replace, with why (honoured elsewhere: process and hybrid mode apply
-# scale_rewards to their step rewards, hybrid's outcome term is TRL's own advantage (multi_objective_aggregation
-# included), and TRL's mask_truncated_completions leaves masked completions without steps).
-_REPLACED_GRPO_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "reward_weights": (("outcome", "process", "hybrid", "rft"), "set by the pipeline from supervision.verifier_weight and "
-                       "supervision.orm_weight; set those instead"),
-    "scale_rewards": (("rft",), "not used in rft mode: the advantage is the verifier's 0/1 reward itself, with no "
-                      "group baseline and no scaling (DeepSeekMath §5.2.1); remove it, or use mode outcome or process"),
-    "multi_objective_aggregation": (("process", "rft"), "not used in process or rft mode: it combines reward "
-                                    "functions into TRL's outcome advantages, which these modes replace; remove it"),
-}
-
 
 def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
     """(field, pip extra, module) for each optional engine the config asks for."""
@@ -529,253 +498,6 @@ def _installed(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
-
-
-# --- loading --------------------------------------------------------------------------------------
-
-
-def _format_validation(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see the config reference in the README)"
-        lines.append(f"{path}: {msg}" if path else msg)
-    return "\n".join(lines)
-
-
-def grpo_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
-    """Build TRL's GRPOConfig from the YAML pass-through (our derived values fill only what is unset)."""
-    from trl import GRPOConfig
-
-    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults(),
-            **checkpointing_defaults(GRPOConfig, cfg.grpo)}
-    args.update(cfg.grpo)
-    args.update(overrides)
-    return GRPOConfig(output_dir=output_dir, **args)
-
-
-def sft_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
-    """Build TRL's SFTConfig for the bootstrap from ``bootstrap.sft_args``."""
-    from trl import SFTConfig
-
-    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults(),
-            **checkpointing_defaults(SFTConfig, cfg.bootstrap.sft_args)}
-    args.update(cfg.bootstrap.sft_args)
-    args.update(overrides)
-    return SFTConfig(output_dir=output_dir, **args)
-
-
-_RENAMED = (("gradient_checkpointing", "activation_checkpointing"),
-            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"))
-
-
-def checkpointing_defaults(config_class: type, given: dict[str, Any]) -> dict[str, Any]:
-    """TRL's configs default `gradient_checkpointing` to True, a name transformers 5 deprecates (a FutureWarning
-    each time one is built): the same setting under its new name, so nothing changes but the warning.
-
-    A value the user gives under either name wins (it is copied to the new name, which transformers reads).
-    Returns only names `config_class` has, so an older transformers without them gets nothing.
-    """
-    import dataclasses
-
-    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
-    out = {}
-    for old, new in _RENAMED:
-        if new in defaults and new not in given:
-            value = given.get(old, defaults.get(old))
-            if value is not None:
-                out[new] = value
-    return out
-
-
-def device_defaults() -> dict[str, Any]:
-    """Trainer arguments that follow the machine: TRL defaults to bf16, which a CPU-only machine refuses."""
-    import torch
-
-    if torch.cuda.is_available():
-        return {}
-    return {"use_cpu": True, "bf16": False}
-
-
-def rm_training_config(cfg: PipelineConfig, output_dir: str):
-    """The RMs' trainer arguments from `reward_model.train_args`, for the check at load: transformers'
-    TrainingArguments, which every RM but a pairwise ORM trains with, or, where that is the only RM, TRL's
-    RewardConfig (a subclass, with fields of its own)."""
-    from transformers import TrainingArguments
-    from trl import RewardConfig
-
-    rm = cfg.reward_model
-    pairwise_only = rm.kinds == ["orm"] and rm.orm_loss == "pairwise"
-    config_class, extra = (RewardConfig, {"max_length": None}) if pairwise_only else (TrainingArguments, {})
-    return config_class(output_dir=output_dir, **{"report_to": "none", "save_strategy": "no", **extra, **device_defaults(),
-                                                  **checkpointing_defaults(config_class, rm.train_args), **rm.train_args})
-
-
-def _check_passthrough(cfg: PipelineConfig) -> None:
-    """Build GRPOConfig, SFTConfig and the RMs' TrainingArguments once so a field they reject fails now, not
-    after round 0's work; then the values they accept but fail on later (a batch of 0, a temperature of 0)."""
-    n = cfg.grpo.get("num_generations")
-    if isinstance(n, int) and not isinstance(n, bool) and n < 2:
-        # Checked before TRL, whose own message for this does not name the field.
-        raise ConfigError(f"grpo.num_generations: must be at least 2, got {n} (GRPO compares the completions of a group)")
-    with tempfile.TemporaryDirectory() as tmp:
-        for section, given, build in (
-            ("grpo", cfg.grpo, lambda: grpo_config(cfg, tmp)),
-            ("bootstrap.sft_args", cfg.bootstrap.sft_args, lambda: sft_config(cfg, tmp)),
-            ("reward_model.train_args", cfg.reward_model.train_args, lambda: rm_training_config(cfg, tmp)),
-        ):
-            built = _build(section, build)
-            _check_types(section, built, given)
-            _check_ranges(section, given)
-            mode = cfg.supervision.mode
-            if section == "grpo" and mode in ("process", "hybrid") and built.num_generations < 2:
-                raise ConfigError(f"grpo.num_generations: must be at least 2 in {mode} mode (steps are normalised per group)")
-
-
-def _build(section: str, build):
-    try:
-        return build()
-    except TypeError as e:
-        m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
-        key = f".{m.group(1)}" if m else ""
-        raise ConfigError(f"{section}{key}: not a field of {_OWNER[section]} ({e})") from None
-    except ValueError as e:
-        raise ConfigError(f"{section}: {_OWNER[section]} rejects it: {e}") from None
-
-
-_OWNER = {"grpo": "TRL's GRPOConfig", "bootstrap.sft_args": "TRL's SFTConfig",
-          "reward_model.train_args": "the RMs' TrainingArguments"}
-
-# Values the configs accept at build time but fail on (or train nothing with) later: key -> (valid?, what is).
-_RANGES = {
-    "per_device_train_batch_size": (lambda v: v >= 1, "at least 1"),
-    "gradient_accumulation_steps": (lambda v: v >= 1, "at least 1"),
-    "num_train_epochs": (lambda v: v > 0, "above 0"),
-    "learning_rate": (lambda v: v >= 0, "at least 0"),
-    "beta": (lambda v: v >= 0, "at least 0"),
-    "temperature": (lambda v: v > 0, "above 0 (GRPO samples: at 0 a group's completions would all be alike)"),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "max_completion_length": (lambda v: v >= 1, "at least 1"),
-    "max_prompt_length": (lambda v: v >= 1, "at least 1"),
-}
-
-
-def _check_ranges(section: str, given: dict[str, Any]) -> None:
-    """The values a user gave (not the configs' defaults): finite numbers, and in range where `_RANGES` knows."""
-    import math
-
-    for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if not math.isfinite(value):
-            raise ConfigError(f"{section}.{key}: must be a finite number, got {value}")
-        valid, what = _RANGES.get(key, (None, ""))
-        if valid is not None and not valid(value):
-            raise ConfigError(f"{section}.{key}: must be {what}, got {value}")
-
-
-def _check_types(section: str, built: Any, given: dict[str, Any]) -> None:
-    """TRL's dataclasses do not check types: refuse a string where a number or flag is expected."""
-    import dataclasses
-
-    defaults = {f.name: f.default for f in dataclasses.fields(built)}
-    for key, value in given.items():
-        default = defaults.get(key)
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ConfigError(f"{section}.{key}: expected true or false, got {value!r}")
-        if isinstance(default, (int, float)) and not isinstance(default, bool):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{section}.{key}: expected a number, got {value!r}")
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """'a.b.c=value' -> (['a', 'b', 'c'], value parsed as YAML)."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r}: expected dotted.key=value")
-    key, raw = item.split("=", 1)
-    if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
-        raise ConfigError(f"override {item!r}: {key!r} is not a dotted key")
-    try:
-        return key.split("."), _yaml(raw)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {item!r}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
-                          "quote it to give a string, e.g. --set 'run.name=\"x\"'") from None
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    for item in overrides:
-        keys, value = parse_override(item)
-        node = data
-        for depth, k in enumerate(keys[:-1]):
-            child = node.setdefault(k, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {'.'.join(keys[: depth + 1])} is not a section")
-            node = child
-        node[keys[-1]] = value
-    return data
-
-
-def config_from_dict(data: dict, overrides: list[str] | None = None, check_trl: bool = True) -> PipelineConfig:
-    data = apply_overrides(copy.deepcopy(data or {}), overrides or [])  # the caller's dict stays as it was
-    try:
-        cfg = PipelineConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_validation(e)) from None
-    if check_trl:
-        _check_passthrough(cfg)
-    return cfg
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None, check_trl: bool = True) -> PipelineConfig:
-    """Read a YAML config, apply ``--set`` overrides, validate everything. Raises ConfigError."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    try:
-        data = _yaml(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the config as UTF-8") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: malformed YAML: {e}") from None
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    if data is None:  # an empty file is more likely a mistake (a wrong path, a lost edit) than a wish for defaults
-        raise ConfigError(f"{path} is empty (no sections, only blank lines or comments). To run every default on "
-                          "purpose, write `{}` in it (an empty mapping), or start a section such as `run: {}`")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    try:
-        return config_from_dict(data, overrides, check_trl)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-
-
-def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two config dicts (for refusing a changed resume)."""
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        key = f"{prefix}{k}"
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += config_diff(va, vb, key + ".")
-        elif va != vb:
-            out.append(f"{key}: {va!r} -> {vb!r}")
-    return out
-
-
-def resumed_config_diff(stored: dict, current: PipelineConfig) -> list[str]:
-    """`config_diff` of a resumed run's stored config against `current`, the stored one read by today's model.
-
-    So a field added since (stored without it, at its default now) or read under an old name is no change.
-    A stored config today's model refuses (a field since removed) is compared as it was stored.
-    """
-    try:
-        stored = PipelineConfig.model_validate(stored).model_dump(mode="json")
-    except ValidationError:
-        pass
-    return config_diff(stored, current.model_dump(mode="json"))
 
 
 def config_reference() -> str:

@@ -16,6 +16,7 @@ from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.replay import read_shard
 from pipeline.rewards import reward_models_needed
+from pipeline.rm_kinds import rm_entry
 from pipeline.rundir import write_json_atomic
 from pipeline.sample_tables import eval_samples, sample_table, scored_by
 from pipeline.scorers import Scores
@@ -74,8 +75,8 @@ def run_eval_phase(
     # Every sample scored once per RM (with a PRM's step scores): best-of-N for each N, and the eval table.
     scores = {kind: [s.scores([q] * len(t), t) for q, t in zip(rendered, ev.texts)] for kind, s in scorers.items()}
     metrics |= best_of_n(scores, ev.correct, ev.answers, e.best_of_n)
-    if "prm" in scores and problem_set.has_gold_step_labels:
-        metrics |= gold_step_aucs(problem_set, problems, ev.texts, scores["prm"])
+    for kind in [k for k in scores if rm_entry(k).scores_steps] if problem_set.has_gold_step_labels else []:
+        metrics |= gold_step_aucs(problem_set, problems, ev.texts, scores[kind], kind)
     rows, seed = cfg.tracking.sample_table_rows, cfg.run.seed
     tables = {"eval": sample_table(eval_samples(problem_set, problems, rendered, ev.texts, ev.answers, ev.correct,
                                                 round_index), {k: Scores.concat(v) for k, v in scores.items()},
@@ -134,8 +135,9 @@ def best_of_n(scores: dict[str, list[Scores]], correct: list[list[bool]], answer
     return metrics
 
 
-def gold_step_aucs(problem_set, problems: list, texts: list[list[str]], scores: list[Scores]) -> dict[str, float]:
-    """The PRM's step AUC against the gold step labels on every eval sample, over all steps and within each step
+def gold_step_aucs(problem_set, problems: list, texts: list[list[str]], scores: list[Scores],
+                   kind: str = "prm") -> dict[str, float]:
+    """A step-scoring RM's (`kind`'s) step AUC against the gold step labels on every eval sample, over all steps and within each step
     position (`within_position_auc`: beyond the position prior); NaN without a labelled step.
 
     The RM phase's held-out slice (~150 samples, a few dozen wrong steps) cannot tell 0.80 from 0.85; the eval
@@ -147,8 +149,8 @@ def gold_step_aucs(problem_set, problems: list, texts: list[list[str]], scores: 
     steps = [s for sc in scores for s in sc.steps]
     gold = [problem_set.gold_step_labels(t, p) for p, ts in zip(problems, texts) for t in ts]
     pairs = step_label_pairs(steps, gold)
-    return {"eval/prm_step_auc_gold": auc(*zip(*pairs)) if pairs else float("nan"),
-            "eval/prm_step_auc_gold_within_position": within_position_auc(steps, gold)}
+    return {f"eval/{kind}_step_auc_gold": auc(*zip(*pairs)) if pairs else float("nan"),
+            f"eval/{kind}_step_auc_gold_within_position": within_position_auc(steps, gold)}
 
 
 def hacking_gap(predicted: list[float], outcomes: list[int]) -> float:

@@ -1,12 +1,12 @@
-"""The launchable phases (`pipeline.rounds.PHASES`: policy, reward_model) under `accelerate launch`: DDP or ZeRO.
+"""The launchable phases (`pipeline.phases.PHASES`: policy, reward_model) under `accelerate launch`: DDP or ZeRO.
 
 With `launcher.kind: accelerate`, `launch_phase` (in the pipeline's process) writes the config, the
 phase's arguments and its MLflow run ids to a work directory and starts
 
-    python -m accelerate.commands.launch --config_file F [--num_processes N] -m pipeline.launch WORK_DIR
+    python -m accelerate.commands.launch --config_file F [--num_processes N] -m pipeline.phases WORK_DIR
 
-Every process runs `main`, which calls the same phase function as the in-process path
-(`pipeline.rounds.execute`); TRL and transformers' Trainer split the batches and gather what they need. The
+Every process runs `pipeline.phases.launched`, which calls the same phase function as the in-process path
+(`pipeline.phases.execute`); TRL and transformers' Trainer split the batches and gather what they need. The
 main process writes the phase's result to `WORK_DIR/result.json` (atomically), which `launch_phase` reads
 back. MLflow: the tracking URI and the experiment travel in the environment, the run ids in the request;
 the main process makes the runs active around the trainers, as the in-process path does, so Trainer's own
@@ -15,22 +15,18 @@ metrics land in the round's phase run (or each trained model's run).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from pipeline.config import LauncherConfig, PipelineConfig, accelerate_config_path, config_from_dict
+from pipeline.config import LauncherConfig, PipelineConfig, accelerate_config_path
 from pipeline.rundir import read_json, write_json_atomic
-
-if TYPE_CHECKING:
-    from pipeline.rounds import PhaseResult, PhaseRuns
 
 LOG_TAIL_LINES = 40
 
@@ -84,61 +80,31 @@ def _children_output(log: str) -> list[str]:
 
 
 def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_dir: str | Path,
-                 runs: PhaseRuns) -> PhaseResult:
-    """Run a launchable phase of `pipeline.rounds.PHASES` under `accelerate launch`; return its main process's result.
+                 runs: dict[str, Any]) -> dict:
+    """Run a launchable phase under `accelerate launch`; return its main process's result (`PhaseResult`'s
+    manifest form).
 
     Args:
         kwargs: the phase function's arguments (paths as strings, JSON-serialisable).
         work_dir: holds the request, the result and `launch.log`, the processes' output.
-        runs: the phase's `PhaseRuns` (MLflow run ids); the main process logs into them.
+        runs: the phase's MLflow run ids (`PhaseRuns`' fields); the main process logs into them.
     """
-    from pipeline.rounds import PHASES, PhaseResult  # noqa: F811 (the runtime import of the type above)
-
-    if not PHASES[phase].launchable:
-        raise ValueError(f"phase must be one of {[p for p, d in PHASES.items() if d.launchable]}, got {phase!r}")
     check_launchable(cfg.launcher)
     import mlflow
 
     work_dir = Path(work_dir)
     result = work_dir / "result.json"
     result.unlink(missing_ok=True)  # a stale result from a killed attempt must not pass for this one
-    run_ids = {"run_id": runs.run_id, "models": runs.models, "pipeline": runs.pipeline}
+    run_ids = {k: runs.get(k) for k in ("run_id", "models", "pipeline")}
     write_json_atomic(work_dir / "request.json", {
         "config": cfg.model_dump(mode="json"), "phase": phase, "kwargs": kwargs, "runs": run_ids,
     })
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri()}
     env.pop("MLFLOW_RUN_ID", None)
-    if runs.run_id:
-        env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(runs.run_id).info.experiment_id
-    cmd = launch_command(cfg.launcher, ["-m", "pipeline.launch", str(work_dir)])
+    if runs.get("run_id"):
+        env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(runs["run_id"]).info.experiment_id
+    cmd = launch_command(cfg.launcher, ["-m", "pipeline.phases", str(work_dir)])
     run_logged(cmd, work_dir / "launch.log", env, f"the {phase} phase")
     if not result.exists():
         raise LaunchError(f"the {phase} phase exited without writing {result}; see {work_dir / 'launch.log'}")
-    return PhaseResult.from_manifest(read_json(result))
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of each launched process: `python -m pipeline.launch WORK_DIR`."""
-    from pipeline.rounds import PhaseRuns, execute
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m pipeline.launch WORK_DIR (started by pipeline.launch.launch_phase)")
-    work_dir = Path(argv[0])
-    request = read_json(work_dir / "request.json")
-    cfg = config_from_dict(request["config"], check_trl=False)  # checked in full by the parent
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    # Only the main process logs: its runs are made active around the trainers, as in the pipeline's process.
-    runs = PhaseRuns(**request["runs"], logging=main_process)
-    result = execute(cfg, request["phase"], runs, request["kwargs"])
-    if main_process:
-        write_json_atomic(work_dir / "result.json", result.to_manifest())
-    with contextlib.suppress(Exception):  # the group may already be gone; nothing is left to synchronise
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return read_json(result)

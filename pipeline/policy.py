@@ -25,15 +25,10 @@ from trl import GRPOTrainer
 
 from models import save_model
 from models.factories import kind_name, load_tokenizer, lora_config
-from pipeline.advantages import (
-    advantage_stats,
-    extend_last_step,
-    hybrid_advantages,
-    process_advantages,
-    process_variance_share,
-    rft_advantages,
-)
-from pipeline.config import PipelineConfig, grpo_config
+from pipeline.advantages import advantage_stats, extend_last_step, process_advantages
+from pipeline.config import PipelineConfig, SupervisionConfig
+from pipeline.modes import AdvantageInputs, supervision_mode
+from pipeline.passthrough import grpo_config
 from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.reward_model import load_scorer
@@ -123,61 +118,59 @@ def process_metrics(step_rewards: Sequence[Sequence[float]], group_size: int) ->
 
 
 class ProcessGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose advantages come from a PRM's step rewards in `process` mode, are TRL's outcome
-    advantages plus `process_weight` times those in `hybrid` mode, or are the verifier's 0/1 reward in `rft`
-    mode (Online RFT: the first reward function must be the verifier).
+    """GRPOTrainer whose advantages are made by its supervision mode (`pipeline.modes.MODES`): TRL's outcome
+    advantages as they are (`outcome`), a PRM's step rewards (`process`), TRL's plus `process_weight` times those
+    (`hybrid`), the verifier's 0/1 reward (`rft`, Online RFT: the first reward function must be the verifier), or
+    a registered mode's.
 
-    In these modes the statistics of the advantages used are logged (`process/advantage_mean`, `_std`,
-    `_min`, `_max`, `hybrid/...` or `rft/...`, over the tokens in the loss), and TRL's completions table
-    shows them (a completion's first-token advantage); TRL's own `reward`, `reward_std` stay the outcome
-    rewards'. Hybrid mode also logs `hybrid/process_variance_share` (`process_variance_share`).
+    In every mode but outcome the statistics of the advantages used are logged (`<mode>/advantage_mean`, `_std`,
+    `_min`, `_max`, over the tokens in the loss), with the mode's own figures (`hybrid/process_variance_share`),
+    and TRL's completions table shows them (a completion's first-token advantage); TRL's own `reward`,
+    `reward_std` stay the outcome rewards'.
 
     Args:
-        prm_scorer: scores each step of `prompt + completion` (required in process and hybrid mode).
-        supervision: "outcome" (TRL unchanged), "process", "hybrid" or "rft".
-        process_credit: "sum" (DeepSeekMath) or "min" (PURE), process and hybrid mode.
-        process_weight: w of hybrid mode, >= 0.
-        process_baseline: "group" (DeepSeekMath) or "position", process and hybrid mode.
+        prm_scorer: scores each step of `prompt + completion` (required in a mode with step rewards).
+        supervision: the `supervision:` config section (its mode, credit, baseline and weight), or a mode's name
+            with the settings below.
+        process_credit, process_weight, process_baseline: with a mode's name, as `supervision.*`.
     """
 
-    def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str = "outcome",
-                 process_credit: str = "sum", process_weight: float = 1.0, process_baseline: str = "group",
-                 **kwargs):
-        if supervision not in ("outcome", "process", "hybrid", "rft"):
-            raise ValueError(f"supervision must be 'outcome', 'process', 'hybrid' or 'rft', got {supervision!r}")
-        if supervision in ("process", "hybrid") and prm_scorer is None:
-            raise ValueError(f"{supervision} supervision needs a PRM (prm_scorer)")
+    def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str | SupervisionConfig = "outcome",
+                 process_credit: str = "sum", process_weight: float = 1.0, process_baseline: str = "group", **kwargs):
+        if isinstance(supervision, str):
+            supervision = SupervisionConfig.model_construct(
+                mode=supervision, process_credit=process_credit, process_weight=process_weight,
+                process_baseline=process_baseline)
+        self.mode = supervision_mode(supervision.mode)
+        if self.mode.step_rewards and prm_scorer is None:
+            raise ValueError(f"{supervision.mode} supervision needs a PRM (prm_scorer)")
         super().__init__(*args, **kwargs)
         self.prm_scorer, self.supervision = prm_scorer, supervision
-        self.process_credit, self.process_weight = process_credit, process_weight
-        self.process_baseline = process_baseline
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        # Kept for rft mode: TRL returns the rewards gathered over processes, (B_all, num_funcs).
+        # Kept for the mode (rft reads the verifier's): TRL returns the rewards gathered over processes, (B_all, F).
         self._last_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         return self._last_rewards
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if self.supervision == "outcome":
+        if self.mode.advantages is None:
             return out
         from accelerate.utils import gather_object
 
         ids = out["completion_ids"]  # (B, T)
         lengths = [int(n) for n in out["completion_mask"].sum(1).tolist()]  # 0 for a masked completion
         all_lengths = gather_object(lengths)  # a group's completions may sit on several processes
-        if self.supervision == "rft":
-            adv = rft_advantages(self._last_rewards[:, 0])  # (B_all,)
-        else:
-            adv = self._step_advantages(inputs, ids, lengths, all_lengths)  # (B_all, T')
-        if self.supervision == "hybrid":
-            # TRL's outcome advantages, as outcome mode trains on them, are this process's rows: gather them
-            # in process order, as the step scores were, before adding the process term of the whole batch.
-            outcome = torch.tensor(gather_object(out["advantages"].tolist()), dtype=torch.float32)  # (B_all,)
-            mode = "train" if self.model.training else "eval"
-            share = process_variance_share(outcome, adv, self.process_weight, all_lengths)
-            self._metrics[mode]["hybrid/process_variance_share"].append(share)
-            adv = hybrid_advantages(outcome, adv, self.process_weight)  # (B_all, T')
+        process = self._step_advantages(inputs, ids, lengths, all_lengths) if self.mode.step_rewards else None
+        # TRL's outcome advantages, as outcome mode trains on them, are this process's rows: gather them in
+        # process order, as the step scores were, before the mode combines them with the whole batch's.
+        outcome = (torch.tensor(gather_object(out["advantages"].tolist()), dtype=torch.float32)  # (B_all,)
+                   if self.mode.trl_advantage else None)
+        adv, figures = self.mode.advantages(AdvantageInputs(outcome, process, self._last_rewards, all_lengths,
+                                                            self.supervision))  # (B_all,) or (B_all, T')
+        mode = "train" if self.model.training else "eval"
+        for key, value in figures.items():
+            self._metrics[mode][f"{self.supervision.mode}/{key}"].append(value)
         start = self.accelerator.process_index * len(inputs)
         local = adv[start : start + len(inputs)]
         out["advantages"] = (local[:, : ids.shape[1]] if local.dim() == 2 else local).to(ids.device)
@@ -195,8 +188,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         width = max([ids.shape[1], *all_lengths])
         ends = extend_last_step(all_ends, all_lengths)  # the eos carries the last step's reward
-        adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards, self.process_credit,
-                                 self.process_baseline)
+        adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards,
+                                 self.supervision.process_credit, self.supervision.process_baseline)
         mode = "train" if self.model.training else "eval"
         for key, value in process_metrics(all_scores, group_size).items():
             self._metrics[mode][key].append(value)
@@ -205,7 +198,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
     def _log_advantages(self, adv, all_lengths: list[int]) -> None:
         mode = "train" if self.model.training else "eval"
         for key, value in advantage_stats(adv, all_lengths).items():
-            self._metrics[mode][f"{self.supervision}/advantage_{key}"].append(value)
+            self._metrics[mode][f"{self.supervision.mode}/advantage_{key}"].append(value)
         # TRL put its own (the verifier's) advantage of every gathered completion last in its table's log.
         logged = self._logs.get("advantages") if isinstance(getattr(self, "_logs", None), dict) else None
         if logged is not None and len(logged) >= len(all_lengths):
@@ -266,7 +259,6 @@ def run_policy_phase(
     the PRM in process mode, the ORM for an `orm` reward; others are ignored. With `reward_model.oracle:
     gold` the step rewards are the gold step labels of each prompt's problem (`GoldStepScorer`), no PRM.
     """
-    mode = cfg.supervision.mode
     # Reward models first: a wrong path or a wrong kind fails before any training.
     scorers = {}
     for kind, why in reward_models_needed(cfg).items():
@@ -277,7 +269,8 @@ def run_policy_phase(
     tokenizer = load_tokenizer(str(policy_path))
     data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index,
                          renderer=renderer_from_config(cfg, tokenizer))
-    prm = GoldStepScorer.from_rows(problem_set, data) if cfg.reward_model.oracle == "gold" else scorers.get("prm")
+    oracle = cfg.reward_model.oracle == "gold"
+    prm = GoldStepScorer.from_rows(problem_set, data) if oracle else scorers.get(cfg.supervision.process_reward_model)
 
     peft_config = policy_peft_config(cfg)
 
@@ -286,9 +279,7 @@ def run_policy_phase(
     trainer = ProcessGRPOTrainer(
         model=str(policy_path), reward_funcs=funcs, args=args, train_dataset=data,
         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
-        prm_scorer=prm, supervision=mode,
-        process_credit=cfg.supervision.process_credit, process_weight=cfg.supervision.process_weight,
-        process_baseline=cfg.supervision.process_baseline,
+        prm_scorer=prm, supervision=cfg.supervision,
     )
     for scorer in scorers.values():  # on this process's device (its own GPU under accelerate launch)
         scorer.model.to(trainer.accelerator.device)

@@ -1,15 +1,12 @@
-"""The reward-model phase: ORM and PRM retraining each round, warm-started, on the new shard plus replay.
+"""The reward-model phase: every RM of `reward_model.kinds` retrained each round, warm-started, on the new shard
+plus a replay of earlier shards (DeepSeekMath Algorithm 1: "continuous training").
 
-- ORM: sequence classification, one logit, binary cross-entropy on the verifier's outcome labels; or
-  pairwise (Bradley-Terry, TRL's `RewardTrainer`) on correct/incorrect completions of one prompt.
-- PRM: token classification, one logit, binary cross-entropy only at step ends (Math-Shepherd's format,
-  the step's closing newline standing in for the tag token), target HE or SE.
-Both train with transformers' Trainer; round 0 starts from the policy's backbone with a new head, later
-rounds from the previous round's RM (DeepSeekMath Algorithm 1: "continuous training").
-
-What differs between the kinds is one table, `RM_KINDS` (examples, trainer, scorer, metrics, LoRA task
-type), beside each kind's head in `models.factories.RM_HEADS`; `load_scorer` is how every phase scores
-with a checkpoint. A new kind is a head there, a scorer in `pipeline/scorers.py` and an entry here.
+Each kind trains with transformers' Trainer and `bce_loss` (labels -100 where unlabelled: a PRM's are its step
+ends, an ORM's its one outcome), or with TRL's RewardTrainer where its kind trains on pairs. Round 0 starts from
+the policy's backbone with a new head, later rounds from the previous round's RM. What differs between the kinds
+(examples, scorer, metrics, head) is their table, `pipeline.rm_kinds.RM_KINDS`; `load_scorer` is how every phase
+scores with a checkpoint. Also here: the RM metrics (AUCs), the exploitable RM that tests the hacking monitor, and
+the calibration an RM keeps in its checkpoint.
 """
 
 from __future__ import annotations
@@ -17,10 +14,9 @@ from __future__ import annotations
 import contextlib
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from datasets import Dataset
@@ -28,11 +24,12 @@ from transformers import Trainer, TrainingArguments
 
 from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora
-from pipeline.config import PipelineConfig, RewardModelConfig, checkpointing_defaults, device_defaults
+from pipeline.config import PipelineConfig, RewardModelConfig
+from pipeline.passthrough import checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
+from pipeline.rm_kinds import rm_kind
 from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, train_in_scratch, write_json_atomic
-from pipeline.scorers import OrmScorer, PrmScorer, Scores, aggregate
-from pipeline.steps import step_char_ends, step_token_ends
+from pipeline.scorers import Scores, aggregate
 
 
 def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
@@ -98,48 +95,6 @@ def split_holdout(rows: list[dict], fraction: float, seed: int) -> tuple[list[di
 # --- datasets -------------------------------------------------------------------------------------
 
 
-def prm_examples(rows: list[dict], tokenizer, target: str) -> list[dict]:
-    """Token ids of `prompt + completion` with a label at each step end and -100 elsewhere."""
-    key = "he_labels" if target == "hard" else "se_labels"
-    out = []
-    for r in rows:
-        if not step_char_ends(r["completion"]):
-            continue  # a blank completion has no step to label
-        enc = tokenizer(r["prompt"] + r["completion"], return_offsets_mapping=True)
-        # The tokens PrmScorer reads in GRPO and evaluation (the same helper, the same text).
-        idx = step_token_ends(enc["offset_mapping"], r["completion"], start=len(r["prompt"]))
-        labels = [-100.0] * len(enc["input_ids"])
-        for i, y in zip(idx, r[key]):
-            labels[i] = float(y)
-        out.append({"input_ids": enc["input_ids"], "labels": labels})
-    return out
-
-
-def sequence_ids(tokenizer, row: dict) -> list[int]:
-    """Token ids of a row's `prompt + completion` as the ORM sees it (no eos appended)."""
-    return tokenizer(row["prompt"] + row["completion"])["input_ids"]
-
-
-def orm_examples(rows: list[dict], tokenizer) -> list[dict]:
-    return [{"input_ids": sequence_ids(tokenizer, r), "labels": float(r["outcome"])} for r in rows]
-
-
-def orm_pairs(rows: list[dict], tokenizer) -> list[dict]:
-    """Every (correct, incorrect) pair of completions of one prompt from one round, as TRL's tokenized columns.
-
-    Tokenized like `orm_examples` (`sequence_ids`), so pairwise and BCE ORMs score the same text.
-    """
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["round"], r["prompt_id"]), []).append(r)
-    return [
-        {"chosen_ids": sequence_ids(tokenizer, good), "rejected_ids": sequence_ids(tokenizer, bad)}
-        for group in groups.values()
-        for good in group if good["outcome"]
-        for bad in group if not bad["outcome"]
-    ]
-
-
 def collate(pad_id: int):
     """Right-pad input ids; token labels pad with -100 (ignored), scalar labels stay (B,)."""
 
@@ -179,89 +134,7 @@ def bce_loss(outputs, labels, num_items_in_batch=None):
     return total / num_items_in_batch
 
 
-# --- the kinds ------------------------------------------------------------------------------------
-
-
-def _orm_examples(rows: list[dict], tokenizer, rm: RewardModelConfig) -> list[dict]:
-    if rm.orm_loss != "pairwise":
-        return orm_examples(rows, tokenizer)
-    pairs = orm_pairs(rows, tokenizer)
-    if not pairs:
-        raise ValueError("reward_model.orm_loss=pairwise: no prompt has both a correct and an incorrect "
-                         "completion in the training rows; use orm_loss: bce or sample more per prompt")
-    return pairs
-
-
-def _orm_metrics(scorer: OrmScorer, rows: list[dict]) -> dict[str, float]:
-    """Held-out ORM quality against the verifier's outcomes."""
-    s = scorer([r["prompt"] for r in rows], [r["completion"] for r in rows])
-    outcomes = [r["outcome"] for r in rows]
-    return {"orm/auc": auc(s, outcomes), "orm/accuracy": accuracy(s, outcomes), "orm/mean_score": _mean(s)}
-
-
-def _prm_metrics(scorer: PrmScorer, rows: list[dict]) -> dict[str, float]:
-    """Held-out PRM quality: step AUC/accuracy against MC (HE) and gold labels, solution AUC against outcomes."""
-    steps = scorer.step_scores([r["prompt"] for r in rows], [r["completion"] for r in rows])
-    out: dict[str, float] = {}
-    for name, key in (("mc", "he_labels"), ("gold", "gold_labels")):
-        pairs = step_label_pairs(steps, [r[key] for r in rows])
-        if pairs:
-            out[f"prm/step_auc_{name}"] = auc(*zip(*pairs))
-            out[f"prm/step_accuracy_{name}"] = accuracy(*zip(*pairs))
-    solution = [aggregate(s, scorer.aggregation) for s in steps]
-    out["prm/solution_auc"] = auc(solution, [r["outcome"] for r in rows])
-    out["prm/mean_score"] = _mean(solution)
-    return out
-
-
-@dataclass(frozen=True)
-class RewardModelKind:
-    """What the pipeline does differently for one kind of reward model (its head: `models.factories.RM_HEADS`).
-
-    Attributes:
-        examples: (training rows, tokenizer, `reward_model:` config) -> training examples: `input_ids` and
-            `labels` for BCE, TRL's `chosen_ids` / `rejected_ids` when `pairwise`.
-        pairwise: (`reward_model:` config) -> True to train with TRL's RewardTrainer on pairs, else BCE.
-        scorer: (model, tokenizer, batch size, `reward_model:` config) -> its scorer (`pipeline.scorers`):
-            `scorer(prompts, completions)` is one score per solution; `scorer.model` is the model.
-        metrics: (scorer, held-out rows) -> RM quality, `<kind>/...`, `<kind>/mean_score` (mean solution score) among them.
-        lora_task_type: peft's task type of its head.
-        solution_auc: the metric of `metrics` that is the AUC of its solution scores against the verifier.
-    """
-
-    examples: Callable[[list[dict], Any, RewardModelConfig], list[dict]]
-    pairwise: Callable[[RewardModelConfig], bool]
-    scorer: Callable[[Any, Any, int, RewardModelConfig], Callable[[Sequence[str], Sequence[str]], list[float]]]
-    metrics: Callable[[Any, list[dict]], dict[str, float]]
-    lora_task_type: str
-    solution_auc: str
-
-
-RM_KINDS: dict[str, RewardModelKind] = {
-    "prm": RewardModelKind(
-        examples=lambda rows, tokenizer, rm: prm_examples(rows, tokenizer, rm.target),
-        pairwise=lambda rm: False,
-        scorer=lambda model, tokenizer, batch_size, rm: PrmScorer(model, tokenizer, batch_size, rm.aggregation),
-        metrics=_prm_metrics,
-        lora_task_type="TOKEN_CLS",
-        solution_auc="prm/solution_auc",
-    ),
-    "orm": RewardModelKind(
-        examples=_orm_examples,
-        pairwise=lambda rm: rm.orm_loss == "pairwise",
-        scorer=lambda model, tokenizer, batch_size, rm: OrmScorer(model, tokenizer, batch_size),
-        metrics=_orm_metrics,
-        lora_task_type="SEQ_CLS",
-        solution_auc="orm/auc",
-    ),
-}
-
-
-def rm_kind(kind: str) -> RewardModelKind:
-    """The table entry of `kind`; an unknown kind is a ValueError listing the known ones."""
-    if kind not in RM_KINDS:
-        raise ValueError(f"unknown reward model kind {kind!r}; known: {', '.join(RM_KINDS)}")
-    return RM_KINDS[kind]
+# --- scoring with a checkpoint ------------------------------------------------------------------
 
 
 def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: int = 64):
@@ -327,10 +200,10 @@ class ExploitedScorer:
 def calibration(kind: str, metrics: dict[str, float], held: list[dict], round_index: int) -> dict:
     """What the reward-hacking monitor compares fresh samples with, from an RM's held-out `metrics` on `held`:
     its solution scores' AUC against the verifier, and their gap (mean score - verifier accuracy)."""
-    accuracy = _mean([r["outcome"] for r in held])
-    mean = metrics[f"{kind}/mean_score"]
+    accuracy = mean([r["outcome"] for r in held])
+    score = metrics[f"{kind}/mean_score"]
     return {"kind": kind, "round": round_index, "rows": len(held), "auc": metrics[rm_kind(kind).solution_auc],
-            "mean_score": mean, "accuracy": accuracy, "gap": mean - accuracy}
+            "mean_score": score, "accuracy": accuracy, "gap": score - accuracy}
 
 
 def write_calibration(checkpoint: str | Path, data: dict) -> None:
@@ -378,7 +251,7 @@ def train_reward_model(
     report_to: str = "none",
     callbacks=None,
 ) -> Path:
-    """Train one RM of `kind` (a key of `RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else a policy's
+    """Train one RM of `kind` (a key of `pipeline.rm_kinds.RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else a policy's
     backbone: `reward_model.model` or the round's policy, `backbone`).
 
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
@@ -413,18 +286,18 @@ def train_reward_model(
             data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
         )
     train_in_scratch(trainer)
-    return save_model(trainer.model, tokenizer, out_dir)
+    return save_model(trainer.model, tokenizer, out_dir, kind=kind)
 
 
 def evaluate_reward_model(
     path: str | Path, kind: str, rows: list[dict], rm: RewardModelConfig | None = None
 ) -> dict[str, float]:
-    """RM quality on held-out rows (`RM_KINDS[kind].metrics`): ORM AUC/accuracy on outcomes; PRM step AUC/accuracy
+    """RM quality on held-out rows (its kind's `metrics`): ORM AUC/accuracy on outcomes; PRM step AUC/accuracy
     vs MC (HE) and gold labels, and solution AUC (steps aggregated by `rm.aggregation`, default min)."""
     return rm_kind(kind).metrics(load_scorer(kind, path, rm or RewardModelConfig()), rows)
 
 
-def _mean(xs: Sequence[float]) -> float:
+def mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
@@ -467,7 +340,7 @@ def run_reward_model_phase(
     metrics = {
         "rm/train_rows": float(len(rows)), "rm/replay_rows": float(len(replay)),
         "rm/outcome_positive_share": positives / max(len(rows), 1),
-        "rm/step_positive_share": _mean([y for r in rows for y in r["he_labels"]]),
+        "rm/step_positive_share": mean([y for r in rows for y in r["he_labels"]]),
     }
     if frozen:
         metrics.update({"rm/train_rows": 0.0, "rm/replay_rows": 0.0})

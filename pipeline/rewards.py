@@ -10,7 +10,7 @@ an error naming the function and the sample: a silent NaN would poison a whole r
 `REWARD_FUNCS` maps the names that `supervision.rewards` weighs (`{verifier: 1.0, orm: 0.5}`) to a factory
 and the reward-model kind the function scores with, if any: the config then requires that kind in
 `reward_model.kinds`, and the policy phase loads its checkpoint and hands the scorer to the factory. A new
-reward function is a function here and one entry in `REWARD_FUNCS`.
+reward function is a factory and one `register_reward` call (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -100,6 +100,11 @@ REWARD_FUNCS: dict[str, RewardSpec] = {
 }
 
 
+def register_reward(name: str, spec: RewardSpec) -> None:
+    """Add a reward function: `supervision.rewards: {NAME: weight}` then weighs it in outcome and hybrid mode."""
+    REWARD_FUNCS[name] = spec
+
+
 def reward_spec(name: str) -> RewardSpec:
     """The registry entry of `name`; an unknown name is a ValueError listing the known ones."""
     if name not in REWARD_FUNCS:
@@ -122,20 +127,23 @@ def active_rewards(mode: str, weights: Mapping[str, float]) -> dict[str, float]:
     >>> active_rewards("process", {"verifier": 0.5, "orm": 1.0})
     {'verifier': 1.0}
     """
-    if mode in ("process", "rft"):
+    from pipeline.modes import supervision_mode
+
+    if not supervision_mode(mode).weighted_rewards:
         return {"verifier": 1.0}
     return {n: weights.get(n, 0.0) for n in REWARD_FUNCS if n == "verifier" or weights.get(n, 0.0) > 0}
 
 
 def reward_models_needed(cfg) -> dict[str, str]:
-    """The RM kinds the GRPO phase loads, each with the setting that needs it: the PRM in process and hybrid
-    mode, and the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome and
-    hybrid mode). With `reward_model.oracle` the gold step labels replace the PRM's scores: no PRM is loaded
-    for them."""
+    """The RM kinds the GRPO phase loads, each with the setting that needs it: the step scorer
+    (`supervision.process_reward_model`, the PRM by default) in a mode with step rewards (process, hybrid), and
+    the RM of each active reward function (`orm` for `supervision.rewards.orm > 0` in outcome and hybrid mode).
+    With `reward_model.oracle` the gold step labels replace the step scorer's scores: it is not loaded for them."""
+    from pipeline.modes import supervision_mode
+
     mode = cfg.supervision.mode
-    needed = {"prm": f"{mode} supervision"} if mode in ("process", "hybrid") else {}
-    if cfg.reward_model.oracle is not None:
-        needed.pop("prm", None)
+    steps = supervision_mode(mode).step_rewards and cfg.reward_model.oracle is None
+    needed = {cfg.supervision.process_reward_model: f"{mode} supervision"} if steps else {}
     for name in active_rewards(cfg.supervision.mode, cfg.supervision.rewards):
         kind = reward_spec(name).reward_model
         if kind is not None:

@@ -251,6 +251,18 @@ def ending(*run_ids: str | None):
     return ending_on_exception(end)
 
 
+@contextlib.contextmanager
+def scope(run_id: str | None, *others: str | None):
+    """The body runs in MLflow run `run_id` (a phase's, a round's): RUNNING again if a stop ended it before,
+    FINISHED when the body ends; left by an exception, it and `others` end FAILED or KILLED (`ending`)."""
+    with ending(run_id, *others):
+        if run_id:
+            reopen(run_id)  # inside: a signal may land here
+        yield
+    if run_id:
+        finish(run_id)
+
+
 def release_interrupted(error: BaseException) -> None:
     """Free what the code a stop signal (`error`, not an Exception) interrupted still holds, before the store
     is written to again.

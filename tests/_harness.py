@@ -17,8 +17,8 @@ import yaml
 from mlflow import MlflowClient
 
 from flows.cli import main
+from pipeline.phases import PHASES
 from pipeline.replay import read_shard
-from pipeline.rounds import PHASES
 from pipeline.rundir import RunDir, phase_key, read_json
 from pipeline.tracking import PARENT_TAG
 

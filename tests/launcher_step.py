@@ -27,7 +27,8 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from models.factories import load_reward_model, load_tokenizer
-from pipeline.config import PipelineConfig, grpo_config
+from pipeline.config import PipelineConfig
+from pipeline.passthrough import grpo_config
 from pipeline.policy import ProcessGRPOTrainer
 from pipeline.rundir import write_json_atomic
 from pipeline.scorers import PrmScorer

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from flows.cli import main
-from pipeline.config import load_config
+from pipeline.loading import load_config
 from tests.conftest import mini_config
 
 pytestmark = pytest.mark.usefixtures("isolated")
@@ -112,7 +112,7 @@ def test_check_reports_every_failed_check_and_exits_2(tmp_path, capsys):
 
 
 def test_check_refuses_a_run_directory_started_with_another_config(tmp_path, capsys):
-    from pipeline.config import config_from_dict
+    from pipeline.loading import config_from_dict
     from pipeline.rundir import write_json_atomic
 
     other = config_from_dict(mini_config(tmp_path, collect={"prompts_per_round": 7}), check_trl=False)

@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import (
-    ConfigError,
-    PipelineConfig,
+from pipeline.config import ConfigError, PipelineConfig
+from pipeline.loading import (
     apply_overrides,
     config_diff,
     config_from_dict,
-    grpo_config,
     load_config,
     parse_override,
     resumed_config_diff,
 )
+from pipeline.passthrough import grpo_config
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 MULTIGPU = Path(__file__).resolve().parents[1] / "configs" / "gsm8k-multigpu.yaml"
@@ -256,7 +255,7 @@ def test_hybrid_config_and_the_reward_models_it_loads():
 
     from pipeline.advantages import BASELINES, CREDITS
     from pipeline.config import SupervisionConfig
-    from pipeline.policy import reward_models_needed
+    from pipeline.rewards import reward_models_needed
 
     assert get_args(SupervisionConfig.model_fields["process_credit"].annotation) == CREDITS  # one list of credits
     assert get_args(SupervisionConfig.model_fields["process_baseline"].annotation) == BASELINES
@@ -288,9 +287,11 @@ def test_trl_options_a_mode_would_ignore_are_refused_with_the_reason():
     for mode in ("process", "rft"):
         message = error_of({"supervision": {"mode": mode}, "grpo": {"multi_objective_aggregation": "normalize_then_sum"}})
         assert message.startswith("grpo.multi_objective_aggregation: not used in process or rft mode")
-    # The pipeline sets TRL's reward weights itself, in every mode: the supervision weights are the knob.
+    # The pipeline sets TRL's reward weights itself, in every mode: supervision.rewards is the knob (the message
+    # named the deprecated verifier_weight before).
     message = error_of({"supervision": {"mode": "outcome"}, "grpo": {"reward_weights": [1.0]}})
-    assert message.startswith("grpo.reward_weights: set by the pipeline") and "supervision.verifier_weight" in message
+    assert message.startswith("grpo.reward_weights: set by the pipeline") and "supervision.rewards" in message
+    assert "verifier_weight" not in message
     message = error_of({"supervision": {"mode": "hybrid"}, "grpo": {"reward_weights": [1.0]}})
     assert message.startswith("grpo.reward_weights: set by the pipeline")
     # Honoured, so accepted: scale_rewards in outcome, process and hybrid mode (process mode scales its steps
@@ -331,7 +332,27 @@ def test_sft_args_unknown_field_names_it():
 def test_grpo_string_where_a_number_is_expected():
     # TRL's dataclasses would accept 'abc' and fail hours later inside the optimiser.
     message = error_of({"grpo": {"learning_rate": "abc"}}, check_trl=True)
-    assert message == "grpo.learning_rate: expected a number, got 'abc'"
+    assert message.startswith("grpo.learning_rate: expected a number, got 'abc'")
+
+
+@pytest.mark.parametrize(("grpo", "expected"), [
+    # TRL's own arithmetic on it failed first: "grpo: not a field of TRL's GRPOConfig (unsupported operand...)"
+    ({"num_generations": "banana"}, "grpo.num_generations: expected an integer or null, got 'banana'"),
+    ({"max_steps": 1.5}, "grpo.max_steps: expected an integer, got 1.5"),  # accepted before, and trained on
+    ({"use_vllm": "yes"}, "grpo.use_vllm: expected true or false, got 'yes'"),
+    ({"max_completion_length": True}, "grpo.max_completion_length: expected an integer or null, got True"),
+    ({"top_entropy_quantile": "high"}, "grpo.top_entropy_quantile: expected a number, got 'high'"),
+])
+def test_grpo_values_are_checked_against_the_type_trl_declares(grpo, expected):
+    message = error_of({"supervision": {"mode": "outcome"}, "grpo": grpo}, check_trl=True)
+    assert message.startswith(expected) and "TRL's GRPOConfig declares" in message, message
+
+
+def test_declared_types_accept_what_trl_takes():
+    # An int where a float is declared, a name of an enum member, a documented bool for scale_rewards.
+    cfg = config_from_dict({"grpo": {"learning_rate": 1, "lr_scheduler_type": "cosine", "scale_rewards": False,
+                                     "report_to": ["mlflow"], "max_steps": 3}})
+    assert cfg.grpo["scale_rewards"] is False
 
 
 @pytest.mark.parametrize(("data", "expected"), [
@@ -339,7 +360,7 @@ def test_grpo_string_where_a_number_is_expected():
     ({"reward_model": {"train_args": {"learning_rat": 1e-3}}},
      "reward_model.train_args.learning_rat: not a field of the RMs' TrainingArguments"),
     ({"reward_model": {"train_args": {"learning_rate": "abc"}}},
-     "reward_model.train_args.learning_rate: expected a number, got 'abc'"),
+     "reward_model.train_args.learning_rate: expected a number, got 'abc'"),  # then what declares it
     ({"reward_model": {"train_args": {"num_train_epochs": -1}}},
      "reward_model.train_args.num_train_epochs: must be above 0, got -1"),
     # a pairwise ORM alone trains with TRL's RewardConfig, whose own fields are then fine
@@ -374,7 +395,7 @@ def test_a_config_file_that_is_not_utf8_names_the_file(tmp_path):
 def test_grpo_number_where_a_flag_is_expected():
     # TRL's default for this field is False, so a flag is expected; "sometimes" would be truthy in TRL.
     message = error_of({"grpo": {"mask_truncated_completions": "sometimes"}}, check_trl=True)
-    assert message == "grpo.mask_truncated_completions: expected true or false, got 'sometimes'"
+    assert message.startswith("grpo.mask_truncated_completions: expected true or false, got 'sometimes'")
 
 
 # --- optional engines (vLLM, Ray): one clear error when absent ---------------------------------------
@@ -498,14 +519,13 @@ def test_config_diff_of_real_configs_after_an_override():
     assert config_diff(base, changed) == ["collect.rollouts_per_step: 4 -> 8", "run.seed: 0 -> 3"]
 
 
-def test_readme_config_reference_is_the_generated_one():
-    # Every field is documented where users look: regenerate with pipeline.config.config_reference().
-    from pathlib import Path
-
+def test_the_config_reference_page_is_the_generated_one():
+    # Every field is documented where users look (docs/config.md, linked from the README): regenerate with
+    # pipeline.config.config_reference().
     from pipeline.config import config_reference
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert config_reference() in readme
+    page = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    assert page.endswith(config_reference())
 
 
 def test_overrides_leave_the_callers_dict_as_it_was():

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import config_from_dict, grpo_config, sft_config
+from pipeline.loading import config_from_dict
+from pipeline.passthrough import grpo_config, sft_config
 from tests.conftest import mini_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +131,7 @@ def test_a_users_gradient_checkpointing_is_kept(value):
 
 
 def test_phase_line_shows_the_phase_and_its_key_figures():
-    from pipeline.rounds import phase_line
+    from pipeline.phases import phase_line
 
     metrics = {"eval/greedy": 0.745, "eval/pass@1": 0.6694, "eval/maj@4": 0.7, "eval/maj@16": 0.80625,
                "eval/pass@16": 0.97, "eval/completions_per_s": 412.0, "bon/prm@4": 0.76}
@@ -142,12 +143,12 @@ def test_phase_line_shows_the_phase_and_its_key_figures():
 
 
 def test_a_phase_done_before_is_one_skip_line(tmp_path, caplog):
-    from pipeline.rounds import run_phase
+    from pipeline.phases import run_phase
     from pipeline.rundir import Manifest
 
     cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
     Manifest(cfg.run_dir, {"config": {}, "phases": {}, "mlflow": {}}).record(0, "collect", {"metrics": {}, "path": "x"})
-    with caplog.at_level("INFO", logger="pipeline.rounds"):
+    with caplog.at_level("INFO", logger="pipeline.phases"):
         assert run_phase(cfg, 0, "collect").path == "x"
     assert [r.getMessage() for r in caplog.records] == ["round 0  collect       done before: skipped"]
 

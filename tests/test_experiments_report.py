@@ -1,5 +1,6 @@
-"""bench/experiments.py: a rebuilt report keeps the verdicts written by hand under its sections; the best-of-N
-section from constructed run directories."""
+"""bench/experiments.py (the runner: arms, units, kept figures) and bench/experiments_report.py (docs/results.md from
+them): a rebuilt report keeps the verdicts written by hand under its sections; the best-of-N section from constructed
+run directories."""
 
 import os
 from pathlib import Path
@@ -8,11 +9,12 @@ from tests._harness import load_bench
 
 
 def load_experiments():
-    return load_bench("experiments")
+    """(the runner, bench/experiments.py: arms, units, kept figures; the report, bench/experiments_report.py)."""
+    return load_bench("experiments"), load_bench("experiments_report")
 
 
 def test_rebuilt_report_keeps_each_sections_verdict_in_its_own_section(tmp_path):
-    ex = load_experiments()
+    _, ex = load_experiments()
     ph = ex.PLACEHOLDER
     fresh = f"# R\n\n## 1. A\n\n| t |\n\n{ph}\n\n## 2. B\n\nnew table\n\n{ph}\n\n## 3. C\n\n{ph}\n"
     old = tmp_path / "results.md"
@@ -49,7 +51,7 @@ def _prm_runs(tmp_path):
 
 
 def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp_path, monkeypatch):
-    ex = load_experiments()
+    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
     drawn = {}
     real_plot = ex.plot_lines
@@ -59,7 +61,7 @@ def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp
         return real_plot(path, panels, *args, **kwargs)
 
     monkeypatch.setattr(ex, "plot_lines", plot_lines)
-    text = ex.report(ex.Experiments(a), "python bench/experiments.py --smoke", None, log=False).read_text()
+    text = ex.report(runner.Experiments(a), "python bench/experiments.py --smoke", None, log=False).read_text()
 
     section = text.split("\n## 5. ")[1].split("\n## ")[0]
     assert "RM-weighted majority vote" in section
@@ -82,16 +84,16 @@ def test_a_fresh_clone_rebuilds_the_same_report_from_the_kept_figures_alone(tmp_
     rebuilds the report, marks the unit done, and names the commit it ran from."""
     import shutil
 
-    ex = load_experiments()
+    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
-    runs = ex.Experiments(a)
+    runs = runner.Experiments(a)
     for name in ("prm-s0", "prm-s1"):  # what `unit` does when an arm finishes
         runs.status["units"][name] = {"status": "done", "seconds": 90.0}
-        runs.record(name, {"rounds": ex.rounds_of(tmp_path / "runs" / name)})
+        runs.record(name, {"rounds": runner.rounds_of(tmp_path / "runs" / name)})
     before = ex.report(runs, "python bench/experiments.py --smoke", None, log=False).read_text()
     shutil.rmtree(tmp_path / "runs")
 
-    fresh = ex.Experiments(a)
+    fresh = runner.Experiments(a)
     after = ex.report(fresh, "python bench/experiments.py --smoke", None, log=False).read_text()
     assert after == before
     row = next(line for line in after.splitlines() if line.startswith("| `prm` GRPO + PRM (process) |"))
@@ -107,10 +109,10 @@ def test_a_fresh_clone_rebuilds_the_same_report_from_the_kept_figures_alone(tmp_
 def test_the_report_says_when_a_seeds_arms_started_from_different_round0_policies(tmp_path):
     """A seed regenerated in parts on two machines retrains its SFT, which may end elsewhere: its arms then differ
     from round 0 on, and the report must say so rather than pair them as if they differed only by method."""
-    ex = load_experiments()
+    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
-    runs = ex.Experiments(a)
-    rounds = ex.rounds_of(tmp_path / "runs" / "prm-s0")
+    runs = runner.Experiments(a)
+    rounds = runner.rounds_of(tmp_path / "runs" / "prm-s0")
     for name, start in (("prm-s0", "aaa"), ("verifier-s0", "aaa"), ("prm-s1", "bbb"), ("verifier-s1", "ccc")):
         runs.status["units"][name] = {"status": "done", "seconds": 60.0}
         runs.record(name, {"rounds": rounds, "start": start})
@@ -120,7 +122,7 @@ def test_the_report_says_when_a_seeds_arms_started_from_different_round0_policie
 
 
 def test_the_hybrid_arm_is_chosen_by_maj8_among_those_whose_prm_term_carries_a_fifth_of_the_variance(monkeypatch):
-    ex = load_experiments()
+    _, ex = load_experiments()
     arms = ("hybrid-sum-w0.3", "hybrid-sum-w1", "hybrid-min-w0.3", "hybrid-min-w1")
     monkeypatch.setattr(ex, "HYBRID_ARMS", arms)  # a grid of four, whatever the script's is today
     sum_lo, sum_hi, min_lo, min_hi = arms
@@ -146,11 +148,11 @@ def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path)
     from pipeline.problems import problem_set_from_config
     from pipeline.problems.arithmetic import answer_slip, format_solution, parse_prompt
 
-    ex = load_experiments()
-    runs = ex.Experiments(argparse.Namespace(runs_dir=str(tmp_path), figures=str(tmp_path / "figures"), smoke=False,
+    runner, ex = load_experiments()
+    runs = runner.Experiments(argparse.Namespace(runs_dir=str(tmp_path), figures=str(tmp_path / "figures"), smoke=False,
                                              experiment="x", tracking_uri=None, rounds=2))
     cfg = runs.arm_config("exploit", 0)  # the overrides load: the pattern survives --set's YAML
-    assert not cfg.reward_model.retrain and cfg.reward_model.exploit.model_dump() == ex.EXPLOIT
+    assert not cfg.reward_model.retrain and cfg.reward_model.exploit.model_dump() == runner.EXPLOIT
     pattern, ps = re.compile(cfg.reward_model.exploit.pattern, re.MULTILINE), problem_set_from_config(cfg)
     slipped = same = 0
     for p in ps.test:
@@ -168,9 +170,9 @@ def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path)
 
 def test_a_rebuilt_report_links_the_history_beside_it_and_leaves_it_as_written(tmp_path):
     """Superseded reports are kept by hand in results-history.md: a rebuild must point to it, not overwrite it."""
-    ex = load_experiments()
+    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
-    runs = ex.Experiments(a)
+    runs = runner.Experiments(a)
     assert "results-history.md" not in ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
     history = Path(a.out) / "results-history.md"
     history.write_text("# Results history\n\nold figures\n")
@@ -193,13 +195,13 @@ def test_the_prm_study_table_is_built_from_the_kept_study_results_of_every_run(t
     units are not confused with them."""
     from pipeline.rundir import write_json_atomic
 
-    ex = load_experiments()
+    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
     kept = Path(a.figures) / "prm-study"
     write_json_atomic(kept / "verifier-p384-s1.json", _study(1, [384, 8], [0.882, 0.913, 0.853]))
     write_json_atomic(kept / "verifier-s1.json", _study(1, [192, 8], [0.739, 0.828, 0.754]))
     write_json_atomic(kept / "verifier-s0.json", _study(0, [192, 8], [0.9, 0.8]))
-    runs = ex.Experiments(a)
+    runs = runner.Experiments(a)
     text = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
     lines = text.partition("| seed | collected a round |")[2].partition("\n\n")[0].splitlines()
     lines = ["| seed | collected a round |" + lines[0], *lines[2:]]  # the header, then the rows
@@ -208,4 +210,4 @@ def test_the_prm_study_table_is_built_from_the_kept_study_results_of_every_run(t
     assert lines[1:] == ["| 0 | 192 prompts x 8 | default | 0.900 (0.850) | 0.800 (0.750) | - | 0.850 | 0.800 | 30 |",
                          "| 1 | 192 prompts x 8 | default | 0.739 (0.689) | 0.828 (0.778) | 0.754 (0.704) | 0.774 | 0.739 | 30 |",
                          "| 1 | 384 prompts x 8 | default | 0.882 (0.832) | 0.913 (0.863) | 0.853 (0.803) | 0.883 | 0.853 | 60 |"]
-    assert "prm-study" not in ex.Experiments(a).kept() and "verifier-s1" not in ex.Experiments(a).kept()
+    assert "prm-study" not in runner.Experiments(a).kept() and "verifier-s1" not in runner.Experiments(a).kept()

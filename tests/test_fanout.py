@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import config_from_dict
 from pipeline.fanout import split_batches
 from pipeline.generation import assemble, batch_seed, generate_batches, plan_batches, sample
+from pipeline.loading import config_from_dict
 from pipeline.replay import read_shard
 from tests.conftest import mini_config
 

@@ -9,7 +9,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.config import config_from_dict
+from pipeline.loading import config_from_dict
 from pipeline.replay import read_shard
 from pipeline.rundir import RunDir, read_json
 from tests._harness import assert_complete_run, mlflow_structure

@@ -18,8 +18,9 @@ import torch
 import yaml
 
 from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
-from pipeline.config import ConfigError, LauncherConfig, config_from_dict
+from pipeline.config import ConfigError, LauncherConfig
 from pipeline.launch import LaunchError, check_launchable, launch_command, run_logged
+from pipeline.loading import config_from_dict
 from tests.conftest import SIZES, mini_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,10 +66,10 @@ def test_relative_config_file_resolves_from_the_repo_when_not_in_the_working_dir
     monkeypatch.chdir(tmp_path)  # configs/ is not here: the path is found beside the package
     cfg = config_from_dict({"launcher": {"kind": "accelerate", "config_file": CPU_2PROC, "num_processes": 3,
                                          "extra_args": ["--main_process_port", "0"]}}, check_trl=False)
-    cmd = launch_command(cfg.launcher, ["-m", "pipeline.launch", "WORK"])
+    cmd = launch_command(cfg.launcher, ["-m", "pipeline.phases", "WORK"])
     assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert cmd[3:] == ["--config_file", str(REPO / CPU_2PROC), "--num_processes", "3", "--main_process_port", "0",
-                       "-m", "pipeline.launch", "WORK"]
+                       "-m", "pipeline.phases", "WORK"]
 
 
 @pytest.mark.parametrize("name", ["cpu_2proc", "multi_gpu", "zero2", "zero3"])
@@ -205,7 +206,7 @@ def _run_with_round0(tmp_path, **sections):
 def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_run(tmp_path, mlflow_tmp, monkeypatch):
     import mlflow
 
-    from pipeline.rounds import run_phase
+    from pipeline.phases import run_phase
     from pipeline.rundir import Manifest
 
     monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
@@ -238,8 +239,8 @@ def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_r
 def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch):
     import mlflow
 
+    from pipeline.phases import run_phase
     from pipeline.replay import write_shard
-    from pipeline.rounds import run_phase
     from pipeline.rundir import Manifest, RunDir
 
     monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])

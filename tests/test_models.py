@@ -177,7 +177,7 @@ def test_all_linear_lora_reward_model_trains_its_head_in_full_and_merges(tiny_po
     Before the fix peft also wrapped the PRM's head in LoRA, then refused to keep it in `modules_to_save`
     (TypeError: modules_to_save cannot be applied to modules of type lora.Linear).
     """
-    from pipeline.config import config_from_dict
+    from pipeline.loading import config_from_dict
     from pipeline.reward_model import train_reward_model
     from tests.conftest import mini_config
 

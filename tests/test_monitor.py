@@ -9,8 +9,9 @@ import shutil
 
 import pytest
 
-from pipeline.config import ConfigError, RewardModelConfig, config_from_dict
+from pipeline.config import ConfigError, RewardModelConfig
 from pipeline.eval_phase import monitor_figures, run_eval_phase
+from pipeline.loading import config_from_dict
 from pipeline.replay import write_shard
 from pipeline.reward_model import exploited, load_scorer, read_calibration, write_calibration
 from pipeline.rundir import calibration_path

@@ -10,10 +10,12 @@ from __future__ import annotations
 import pytest
 
 from pipeline.advantages import extend_last_step, process_advantages
-from pipeline.config import ConfigError, config_from_dict
-from pipeline.policy import completion_steps, reward_models_needed
+from pipeline.config import ConfigError
+from pipeline.loading import config_from_dict
+from pipeline.policy import completion_steps
 from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem
 from pipeline.problems.arithmetic import format_prompt, format_solution
+from pipeline.rewards import reward_models_needed
 from pipeline.scorers import GoldStepScorer
 from pipeline.steps import scored_step_ends
 from pipeline.tracking import flatten

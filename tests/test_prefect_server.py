@@ -23,7 +23,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from pipeline.config import config_from_dict
+from pipeline.loading import config_from_dict
 from pipeline.rundir import phase_key, read_json
 from tests._harness import ROOT, assert_complete_run
 from tests.conftest import mini_config

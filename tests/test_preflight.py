@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import config_from_dict
+from pipeline.loading import config_from_dict
 from tests._harness import assert_user_error, run_cli
 from tests.conftest import mini_config
 
@@ -101,7 +101,7 @@ def test_a_tokenizer_that_appends_its_eos_to_every_text_is_refused_before_any_wo
     # GRPO's tokenization and sampling's alike, and the policy would learn to write after an end of sequence.
     from tokenizers import processors
 
-    from pipeline.rounds import preflight
+    from pipeline.preflight import preflight
     from tests.tokenizer_cases import metaspace_tokenizer, policy_and_prm
 
     tok = metaspace_tokenizer()
@@ -121,7 +121,7 @@ def test_a_tokenizer_that_appends_its_eos_to_every_text_is_refused_before_any_wo
 
 def test_good_gsm8k_data_passes_preflight(tmp_path):
     # The control for the rows above: the same files, well formed, load.
-    from pipeline.rounds import preflight
+    from pipeline.preflight import preflight
 
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train.write_text(row("Q1?") + "\n\n" + row("Q2?", "$1,000 in all.\n#### 1,000") + "\n")
@@ -255,7 +255,7 @@ def test_a_reward_function_that_misbehaves_fails_before_any_work(tmp_path, capsy
 
 def test_a_reward_function_that_reads_what_only_grpo_gives_is_left_to_grpo(tmp_path, monkeypatch):
     from pipeline import rewards
-    from pipeline.rounds import preflight
+    from pipeline.preflight import preflight
 
     def build(problem_set, scorers):
         return lambda completions, **kwargs: [float(len(ids)) for ids in kwargs["completion_ids"]]
@@ -277,7 +277,7 @@ def test_more_eval_problems_than_the_held_out_set_holds_is_named_before_anything
     rc, err = run_cli(tmp_path, capsys, mini_config(tmp_path), "eval.num_problems=21")
     assert_user_error(tmp_path, rc, err, "eval.num_problems=21 but arithmetic has only 20 held-out problems")
     assert err.count("\n") == 1, err
-    from pipeline.rounds import preflight
+    from pipeline.preflight import preflight
 
     preflight(config_from_dict(mini_config(tmp_path, eval={"num_problems": 20}), check_trl=False))  # all 20: fine
 

@@ -488,7 +488,7 @@ def test_config_choices_and_sections_come_from_the_registry():
 
 
 def test_the_gsm8k_recipe_reads_the_hub_unless_local_files_are_given(monkeypatch):
-    from pipeline.config import load_config
+    from pipeline.loading import load_config
     from pipeline.problems import problem_set_from_config
 
     # Offline: were the local files ignored, the hub read would fail at once instead of waiting on a network.
@@ -532,7 +532,7 @@ def test_sft_noise_slips_an_exact_share_of_sft_solutions_and_nothing_else():
 
 def test_round_noise_fresh_problems_are_in_neither_split(tmp_path):
     """bench/round_noise.py --fresh: a smaller SE from problems no policy of the run has seen (SFT noise on)."""
-    from pipeline.config import config_from_dict
+    from pipeline.loading import config_from_dict
     from pipeline.problems import problem_set_from_config
     from tests._harness import load_bench
     from tests.conftest import mini_config

@@ -17,7 +17,8 @@ from trl.data_utils import maybe_apply_chat_template
 from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
 from models.factories import load_tokenizer
 from models.tokenizer import DEFAULT_ALPHABET
-from pipeline.config import config_from_dict, grpo_config
+from pipeline.loading import config_from_dict
+from pipeline.passthrough import grpo_config
 from pipeline.policy import ProcessGRPOTrainer, prompt_texts, round_prompts
 from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem
 from pipeline.problems.gsm8k import problem_from_row

@@ -17,7 +17,7 @@ import torch
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from pipeline.config import load_config
+from pipeline.loading import load_config
 from pipeline.problems import problem_set_from_config
 from pipeline.replay import read_shard
 from pipeline.rundir import RunDir, read_json

@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from pipeline.config import config_from_dict
+from pipeline.loading import config_from_dict
 from pipeline.rundir import read_json
 from tests._harness import assert_complete_run, sigkill_run
 from tests.conftest import mini_config

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from models.tokenizer import char_tokenizer
-from pipeline.config import config_from_dict
-from pipeline.reward_model import orm_pairs, train_reward_model
+from pipeline.loading import config_from_dict
+from pipeline.reward_model import train_reward_model
+from pipeline.rm_kinds.orm import orm_pairs
 
 
 def row(round_, prompt_id, completion, outcome):

@@ -18,7 +18,8 @@ import torch
 from models import char_tokenizer, load_reward_model, reward_model_from_policy, save_model, tiny_policy
 from pipeline.config import LauncherConfig
 from pipeline.launch import launch_command, run_logged
-from pipeline.reward_model import orm_examples, prm_examples
+from pipeline.rm_kinds.orm import orm_examples
+from pipeline.rm_kinds.prm import prm_examples
 from tests.conftest import SIZES
 from tests.rm_step import ROWS, train_one_step
 from tests.test_launcher import CPU_2PROC, REPO, child_env

@@ -8,31 +8,31 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import config_from_dict
-from pipeline.rounds import PHASES, PhaseResult, open_run, run_round
+from pipeline.loading import config_from_dict
+from pipeline.phases import PHASES, PhaseResult, recorded
+from pipeline.rounds import open_run
 from pipeline.rundir import Manifest, RunDirError, phase_key, write_json_atomic
 from tests.conftest import mini_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _recording_step(calls: list):
-    """A `step` that records what Algorithm 1 hands each phase and returns made-up outputs named after it."""
-
-    def step(r, name, **inputs):
-        calls.append((r, name, inputs))
-        if name == "reward_model":
-            return PhaseResult({}, paths={"prm": f"rm{r}/prm", "orm": f"rm{r}/orm"})
-        return PhaseResult({}, path=f"{name}{r}")
-
-    return step
+def _walk_round(cfg, r: int) -> list:
+    """Round r's phases in order as `run_phase` runs them: each one's inputs as its declaration reads them from
+    the manifest, then a made-up output named after it recorded there. Returns what each phase was handed."""
+    calls = []
+    for name, phase in PHASES.items():
+        calls.append((r, name, phase.inputs(recorded(cfg), r)))
+        out = ({"paths": {"prm": f"rm{r}/prm", "orm": f"rm{r}/orm"}} if name == "reward_model"
+               else {"path": f"{name}{r}"})
+        Manifest.load(cfg.run_dir).record(r, name, {"metrics": {}, **out})
+    return calls
 
 
 def test_round_zero_bootstraps_and_its_monitor_reads_its_own_rms(tmp_path):
     cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
-    calls: list = []
-    run_round(cfg, 0, step=_recording_step(calls))
-    assert calls == [
+    Manifest(cfg.run_dir, {"config": {}, "phases": {}, "mlflow": {}}).save()
+    assert _walk_round(cfg, 0) == [
         (0, "policy", {}),  # no policy given: the bootstrap
         (0, "collect", {"policy": "policy0"}),
         (0, "reward_model", {"policy": "policy0", "previous": None}),  # heads new on policy_0's backbone
@@ -51,9 +51,7 @@ def test_round_r_trains_from_the_previous_policy_against_the_previous_rms(tmp_pa
                          "reward_model": {"paths": {"prm": "r0"}, "versions": {}, "metrics": {}},
                          "eval": {"path": "e0", "metrics": {}}}.items():
         manifest.record(0, name, output)
-    calls: list = []
-    run_round(cfg, 1, step=_recording_step(calls))
-    assert calls == [
+    assert _walk_round(cfg, 1) == [
         (1, "policy", {"policy": "p0", "reward_models": {"prm": "r0"}}),  # GRPO from π_0 against rm_0
         (1, "collect", {"policy": "policy1"}),
         (1, "reward_model", {"policy": "policy1", "previous": {"prm": "r0"}}),  # warm start from rm_0
@@ -143,9 +141,9 @@ def test_pipeline_never_imports_flows():
     assert offenders == []
 
 
-def test_the_readme_module_map_matches_the_tree():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Contributing"):]
+def test_the_module_map_matches_the_tree():
+    page = (ROOT / "docs" / "extending.md").read_text()
+    section = page[page.index("## Module map"):]
     listed = set(re.findall(r"^\| `((?:pipeline|models|flows)/[\w/]+(?:\.py|/))` \|", section, flags=re.M))
     tree = {str(p.relative_to(ROOT)) for d in ("pipeline", "models", "flows") for p in (ROOT / d).glob("*.py")
             if p.name != "__init__.py"}
@@ -188,8 +186,8 @@ def test_igrpo_eval_gives_best_of_n_for_the_reward_models_given_and_skips_the_re
         with_prm["bon/prm_vote@4"], abs=5e-5)
 
     # --round R samples as round R's eval phase does (seed run.seed + R), so a round's eval.json can be remade.
-    from pipeline.config import load_config
     from pipeline.eval_phase import run_eval_phase
+    from pipeline.loading import load_config
 
     assert main([*base, "--round", "2", "--out", str(tmp_path / "round2.json")]) == 0
     remade = run_eval_phase(load_config(config), str(policy), round_index=2).metrics
@@ -210,7 +208,8 @@ def test_a_kill_after_an_mlflow_run_is_created_but_not_recorded_does_not_double_
     window is there for every round, phase and model run."""
     from mlflow import MlflowClient
 
-    from pipeline import rounds, tracking
+    from pipeline import tracking
+    from pipeline.phases import phase_runs
 
     cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
     client = MlflowClient(cfg.tracking.tracking_uri)
@@ -233,8 +232,8 @@ def test_a_kill_after_an_mlflow_run_is_created_but_not_recorded_does_not_double_
     with monkeypatch.context() as m:  # killed right after round 0's run is created
         m.setattr(Manifest, "set_mlflow_run", killed)
         with pytest.raises(KeyboardInterrupt):
-            rounds.phase_runs(manifest, cfg, 0, PHASES["collect"])
-    runs = rounds.phase_runs(Manifest.load(cfg.run_dir), cfg, 0, PHASES["collect"])
+            phase_runs(manifest, cfg, 0, PHASES["collect"])
+    runs = phase_runs(Manifest.load(cfg.run_dir), cfg, 0, PHASES["collect"])
     assert len(named("round-000")) == 1 and named("round-000-collect") == [runs.run_id]
 
     # A run directory deleted and started over is a new run: it never adopts the runs of the one before.

@@ -12,7 +12,7 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import config_from_dict
+from pipeline.loading import config_from_dict
 from tests._harness import NAME, run_cli
 from tests.conftest import SIZES, mini_config
 

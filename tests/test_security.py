@@ -30,7 +30,7 @@ def test_no_code_execution_or_pickle_loading_in_source():
             for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
     # The YAML loader is a SafeLoader (no arbitrary Python objects from a config).
-    from pipeline.config import _Loader
+    from pipeline.loading import _Loader
 
     assert issubclass(_Loader, yaml.SafeLoader)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.config import config_from_dict
+from pipeline.loading import config_from_dict
 from pipeline.rundir import phase_key, read_json
 from tests._harness import ROOT, assert_complete_run, mlflow_structure, sigkill_run
 from tests.conftest import mini_config
@@ -264,11 +264,11 @@ def test_a_signal_whose_exception_is_swallowed_stops_the_run_at_the_phase_end(tm
     """Seen in CI: a SIGTERM in collection whose exception library code caught on the way, and the run went on to
     finish (rc 0). The watchdog saw the signal: the phase that ran is not recorded and the run stops there."""
     from flows.signals import stop_on_signals
-    from pipeline import rounds
+    from pipeline import phases, rounds
     from pipeline.rundir import STOP
 
     cfg = config_from_dict(mini_config(tmp_path))
-    real = rounds.execute
+    real = phases.execute
 
     def swallowing(cfg, name, runs, kwargs):
         result = real(cfg, name, runs, kwargs)
@@ -281,7 +281,7 @@ def test_a_signal_whose_exception_is_swallowed_stops_the_run_at_the_phase_end(tm
             assert STOP.wait(10)  # the watchdog's part
         return result
 
-    monkeypatch.setattr(rounds, "execute", swallowing)
+    monkeypatch.setattr(phases, "execute", swallowing)
     rounds.open_run(cfg)
     with stop_on_signals(grace_s=300) as stopper, pytest.raises(KeyboardInterrupt) as stopped:
         rounds.run_rounds(cfg)

@@ -17,7 +17,7 @@ from models import char_tokenizer
 from pipeline.advantages import process_advantages
 from pipeline.collect import make_request
 from pipeline.policy import completion_steps
-from pipeline.reward_model import prm_examples
+from pipeline.rm_kinds.prm import prm_examples
 from pipeline.scorers import PrmScorer
 from pipeline.steps import scored_step_ends, token_spans
 from tests.tokenizer_cases import (

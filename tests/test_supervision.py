@@ -12,7 +12,9 @@ from transformers import TrainerCallback
 
 from models import char_tokenizer
 from pipeline.advantages import outcome_advantages, rft_advantages
-from pipeline.config import ConfigError, config_from_dict, grpo_config
+from pipeline.config import ConfigError
+from pipeline.loading import config_from_dict
+from pipeline.passthrough import grpo_config
 from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs
 from pipeline.problems import problem_set_from_config
 from tests.conftest import mini_config

@@ -13,8 +13,8 @@ from transformers import TrainerCallback
 
 from models import load_policy, load_reward_model, reward_model_from_policy, save_model
 from pipeline.bootstrap import initial_policy, run_bootstrap
-from pipeline.config import config_from_dict
 from pipeline.evaluate import evaluate_policy
+from pipeline.loading import config_from_dict
 from pipeline.policy import run_policy_phase
 from pipeline.problems import problem_set_from_config
 from pipeline.problems.arithmetic import answer_slip

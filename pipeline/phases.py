@@ -1,0 +1,339 @@
+"""The phases of a round as one table, `PHASES`, and `run_phase`, which runs a phase once and records it.
+
+Each phase is declared: its body, what it reads of the results already recorded (DeepSeekMath's Algorithm 1,
+§4.2, as data flow: round r's GRPO starts from round r-1's policy against round r-1's reward models, and so on),
+what round 0 runs instead (π_0: SFT, or the given model), whether it may run under `accelerate launch`, and how it
+logs to MLflow. Data moves between phases as paths recorded in the manifest, never as objects, so a phase runs
+alone (`igrpo` and a Prefect task alike give only its round and name), and a run resumes at the first phase not
+recorded. Nothing here imports Prefect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipeline import tracking
+from pipeline.config import PipelineConfig
+from pipeline.problems import problem_set_from_config
+from pipeline.rundir import Manifest, RunDir, phase_key, read_json, stop_if_told
+
+log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
+
+# --------------------------------------------------------------------------------------- phase records
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """What a finished phase records in the manifest: its output(s) and metrics."""
+
+    metrics: dict[str, float]
+    path: str | None = None  # its one output: a checkpoint, a shard, eval.json
+    paths: dict[str, str] | None = None  # or one checkpoint per trained model, by kind
+    versions: dict[str, str] | None = None  # MLflow model versions registered, by kind
+
+    def to_manifest(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_manifest(cls, data: dict) -> PhaseResult:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PhaseRuns:
+    """The MLflow runs a phase logs into: its own, one per trained model, and the pipeline's (cross-round)."""
+
+    run_id: str | None = None
+    models: dict[str, str] = field(default_factory=dict)
+    pipeline: str | None = None
+    logging: bool = True  # False on the other processes of `accelerate launch`: only the main one logs
+
+    @property
+    def report_to(self) -> str:
+        return "mlflow" if self.run_id or self.models else "none"
+
+    def active(self):
+        """The phase's run made active around its body; not for phases with a run per model."""
+        return tracking.active(self.run_id if self.logging and not self.models else None)
+
+    def model(self, kind: str):
+        """The run of one trained model made active (MLflow refuses one param with two values in one run)."""
+        return tracking.active(self.models.get(kind) if self.logging else None)
+
+
+# ------------------------------------------------------------------------------------ the phases' bodies
+
+
+def _bootstrap(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, **_) -> PhaseResult:
+    """π_0: SFT on the gold solutions (or the given model as it is)."""
+    from pipeline.bootstrap import run_bootstrap
+
+    res = run_bootstrap(cfg, RunDir(cfg.run_dir).policy(round_index))
+    return PhaseResult(res.metrics, path=str(res.policy_path))
+
+
+def _grpo(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
+          reward_models: dict[str, str]) -> PhaseResult:
+    """GRPO from `policy` against `reward_models`, the reference model reset to `policy`."""
+    from pipeline.policy import run_policy_phase
+
+    res = run_policy_phase(cfg, problem_set_from_config(cfg), policy, RunDir(cfg.run_dir).policy(round_index),
+                           round_index, reward_models, report_to=runs.report_to)
+    return PhaseResult(res.metrics, path=str(res.policy_path))
+
+
+def _collect(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str) -> PhaseResult:
+    from pipeline.collect import run_collection_phase
+
+    res = run_collection_phase(cfg, problem_set_from_config(cfg), policy, cfg.run_dir, round_index)
+    return PhaseResult(res.metrics, path=str(res.shard_path))
+
+
+def _reward_model(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
+                  previous: dict[str, str] | None = None) -> PhaseResult:
+    from pipeline.reward_model import run_reward_model_phase
+
+    res = run_reward_model_phase(cfg, cfg.run_dir, round_index, policy, previous, report_to=runs.report_to,
+                                 run_context=runs.model)
+    return PhaseResult(res.metrics, paths={k: str(v) for k, v in res.paths.items()})
+
+
+def _trained_rms(cfg: PipelineConfig, round_index: int) -> list[str]:
+    """The RMs a round trains (none after round 0 when they are frozen): each gets an MLflow run."""
+    return list(cfg.reward_model.kinds) if cfg.reward_model.retrain or round_index == 0 else []
+
+
+def _eval(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str, reward_models: dict[str, str],
+          trained_against: dict[str, str], shard: str) -> PhaseResult:
+    from pipeline.eval_phase import plot_rounds, run_eval_phase
+    from pipeline.sample_tables import TABLES
+
+    run = RunDir(cfg.run_dir)
+    res = run_eval_phase(cfg, policy, round_index, reward_models, trained_against, shard,
+                         json_path=run.eval_json(round_index), plot_path=run.eval_plot(round_index))
+    tracking.log_artifact(runs.run_id, res.plot_path)
+    for name, rows in res.tables.items():  # the same file names every round: MLflow compares them across runs
+        tracking.log_table(runs.run_id, rows, TABLES[name])
+    curves = {q: read_json(run.eval_json(q))["curve"] for q in run.rounds()
+              if q <= round_index and run.eval_json(q).exists()}
+    tracking.log_artifact(runs.pipeline, plot_rounds(curves, run.rounds_plot))
+    return PhaseResult(res.metrics, path=str(res.json_path))
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+# done(r, name): the recorded result of phase `name` of round r, None before round 0 (nothing is recorded there).
+Done = Callable[[int, str], "PhaseResult | None"]
+
+
+def _paths(result: PhaseResult | None) -> dict[str, str] | None:
+    return result.paths if result else None
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase of a round, declared: what runs, what it reads, where it may run, how it logs to MLflow."""
+
+    name: str
+    run: Callable[..., PhaseResult]  # run(cfg, runs, round_index, **inputs); inputs are paths (JSON)
+    inputs: Callable[[Done, int], dict]  # its inputs in round r, from what earlier phases recorded
+    first: Callable[..., PhaseResult] | None = None  # what round 0 runs instead, if anything (Algorithm 1's π_0)
+    launchable: bool = False  # `run` goes under `accelerate launch` with `launcher.kind: accelerate`
+    models: Callable[[PipelineConfig, int], list[str]] | None = None  # one MLflow run per model it trains
+    # The checkpoints of its result (by kind) that become MLflow model versions `<experiment>-<kind>`.
+    registers: Callable[[PipelineConfig, PhaseResult], dict[str, str]] | None = None
+    figures: tuple[str, ...] = ()  # its key metrics, for the console line when it ends (`@K`: the largest K)
+
+    def body(self, round_index: int) -> Callable[..., PhaseResult]:
+        return self.first if round_index == 0 and self.first else self.run
+
+
+def _policy_checkpoint(cfg: PipelineConfig, result: PhaseResult) -> dict[str, str]:
+    return {"policy": result.path} if cfg.tracking.register_policy and result.path else {}
+
+
+def _rm_checkpoints(cfg: PipelineConfig, result: PhaseResult) -> dict[str, str]:
+    return dict(result.paths or {}) if cfg.tracking.register_models else {}
+
+
+def _grpo_inputs(done: Done, r: int) -> dict:
+    before = done(r - 1, "policy")  # None in round 0, which bootstraps π_0 instead (`first`)
+    return {"policy": before.path, "reward_models": _paths(done(r - 1, "reward_model"))} if before else {}
+
+
+PHASES: dict[str, Phase] = {p.name: p for p in (
+    # π_r: GRPO from π_{r-1} against round r-1's RMs, the reference model reset to π_{r-1}; π_0 by SFT.
+    Phase("policy", _grpo, _grpo_inputs, first=_bootstrap, launchable=True, registers=_policy_checkpoint,
+          figures=("sft/train_loss", "policy/reward_start", "policy/reward_end",
+                   "policy/process_variance_share")),
+    # Fresh samples of π_r, labelled by the verifier and by MC step rollouts.
+    Phase("collect", _collect, lambda done, r: {"policy": done(r, "policy").path},
+          figures=("collect/samples", "collect/verifier_accuracy", "collect/he_gold_agreement")),
+    # RMs warm-started from round r-1's (afresh from π_r's backbone in round 0), on the new shard + a replay.
+    Phase("reward_model", _reward_model,
+          lambda done, r: {"policy": done(r, "policy").path, "previous": _paths(done(r - 1, "reward_model"))},
+          launchable=True, models=_trained_rms, registers=_rm_checkpoints,
+          figures=("prm/step_auc_mc", "prm/step_auc_gold", "orm/auc")),
+    # π_r on held-out problems; best-of-N with round r's RMs; the hacking monitor on the RMs GRPO trained against
+    # (round r-1's; in round 0, round 0's own, whose scores of their own samples it reads without calibration).
+    Phase("eval", _eval, lambda done, r: {
+        "policy": done(r, "policy").path, "reward_models": done(r, "reward_model").paths,
+        "shard": done(r, "collect").path,
+        "trained_against": _paths(done(r - 1, "reward_model")) or done(r, "reward_model").paths},
+          figures=("eval/greedy", "eval/pass@1", "eval/maj@K", "eval/pass@K")),
+)}
+
+
+def register_phase(phase: Phase, after: str | None = None) -> None:
+    """Add a phase to every round, after phase `after` (default: last); its outputs are recorded as the others'."""
+    names = list(PHASES)
+    names.insert(names.index(after) + 1 if after else len(names), phase.name)
+    table = {**PHASES, phase.name: phase}
+    PHASES.clear()
+    PHASES.update({name: table[name] for name in names})
+
+
+def recorded(cfg: PipelineConfig) -> Done:
+    """`done(r, name)`: what the manifest records of phase `name` of round r (None before round 0)."""
+    manifest = Manifest.load(cfg.run_dir)
+    return lambda r, name: PhaseResult.from_manifest(manifest.output(r, name)) if r >= 0 else None
+
+
+def recorded_round(cfg: PipelineConfig, r: int) -> dict[str, PhaseResult]:
+    """The recorded results of a finished round's phases."""
+    done = recorded(cfg)
+    return {name: done(r, name) for name in PHASES}
+
+
+def key_figures(metrics: dict[str, float], figures: tuple[str, ...]) -> dict[str, float]:
+    """The metrics named in `figures` that are present, in that order; a name ending in `@K` picks the largest K.
+
+    >>> key_figures({"eval/maj@1": 0.5, "eval/maj@16": 0.8, "eval/greedy": 0.7}, ("eval/greedy", "eval/maj@K", "x"))
+    {'eval/greedy': 0.7, 'eval/maj@16': 0.8}
+    """
+    out = {}
+    for name in figures:
+        if name.endswith("@K"):
+            ks = [int(k) for key in metrics if key.startswith(name[:-1]) and (k := key[len(name) - 1:]).isdigit()]
+            name = f"{name[:-1]}{max(ks)}" if ks else name
+        if name in metrics:
+            out[name] = metrics[name]
+    return out
+
+
+def phase_line(round_index: int, name: str, seconds: float, metrics: dict[str, float]) -> str:
+    """The console's line for a finished phase: round, phase, wall time, key figures."""
+    shown = "  ".join(f"{k} {int(v) if float(v).is_integer() and abs(v) >= 2 else f'{v:.3f}'}"
+                      for k, v in key_figures(metrics, PHASES[name].figures).items())
+    return f"round {round_index}  {name:<13}{seconds:5.0f}s  {shown}"
+
+
+# ------------------------------------------------------------------------------------------ one phase
+
+
+def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> PhaseResult:
+    """Run phase `name` of round `round_index` unless the manifest records it done; record and return it.
+
+    `inputs`: its arguments (paths); by default what its declaration reads of the recorded results.
+    """
+    manifest = Manifest.load(cfg.run_dir)
+    if manifest.done(round_index, name):
+        log.info("round %d  %-13s done before: skipped", round_index, name)
+        return PhaseResult.from_manifest(manifest.output(round_index, name))
+    stop_if_told()
+    phase = PHASES[name]
+    inputs = inputs or phase.inputs(recorded(cfg), round_index)
+    runs = phase_runs(manifest, cfg, round_index, phase)
+    start = time.monotonic()
+    kwargs = {"round_index": round_index, **inputs}
+    with tracking.scope(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
+        if phase.launchable and cfg.launcher.kind == "accelerate" and phase.body(round_index) is phase.run:
+            from pipeline.launch import launch_phase
+
+            work = RunDir(cfg.run_dir).launch(round_index, name)
+            result = PhaseResult.from_manifest(launch_phase(cfg, name, kwargs, work, dataclasses.asdict(runs)))
+        else:
+            result = execute(cfg, name, runs, kwargs)
+        stop_if_told()  # told to stop while it ran, and it finished all the same: not recorded, a resume redoes it
+        if phase.registers:
+            result = dataclasses.replace(result, versions=_register(cfg, runs, round_index, phase.registers(cfg, result)))
+        tracking.log_metrics(runs.run_id, result.metrics)
+        tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
+    manifest = Manifest.load(cfg.run_dir)
+    manifest.record(round_index, name, result.to_manifest())
+    log.info("%s", phase_line(round_index, name, time.monotonic() - start, result.metrics))
+    return result
+
+
+def execute(cfg: PipelineConfig, name: str, runs: PhaseRuns, kwargs: dict) -> PhaseResult:
+    """A phase's body in this process (the pipeline's, or each process of `accelerate launch`)."""
+    with runs.active():
+        return PHASES[name].body(kwargs["round_index"])(cfg, runs, **kwargs)
+
+
+def _register(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, paths: dict[str, str]) -> dict[str, str]:
+    """Each checkpoint in `paths` (kind -> path) as a version of `<experiment>-<kind>`, alias `round-<r>`."""
+    return {kind: tracking.register_checkpoint(runs.run_id, path, f"{cfg.tracking.experiment}-{kind}", round_index,
+                                               runs.pipeline) for kind, path in paths.items()}
+
+
+def phase_runs(manifest: Manifest, cfg: PipelineConfig, round_index: int, phase: Phase) -> PhaseRuns:
+    """The phase's MLflow runs (below the round's, below the pipeline's), created once and reused on resume."""
+    pipeline = manifest.data["mlflow"]["parent"]
+    tags = {"round": str(round_index)}
+    round_run = ensure_run(manifest, phase_key(round_index), pipeline, tags)
+    tags["phase"] = phase.name
+    run_id = ensure_run(manifest, phase_key(round_index, phase.name), round_run, tags)
+    kinds = phase.models(cfg, round_index) if phase.models else []
+    models = {kind: ensure_run(manifest, phase_key(round_index, phase.name, kind), run_id, tags) for kind in kinds}
+    return PhaseRuns(run_id, models, pipeline)
+
+
+def ensure_run(manifest: Manifest, key: str, parent: str, tags: dict) -> str:
+    """The MLflow run the manifest records under `key`, created (below `parent`) and recorded if it has none."""
+    run_id = manifest.mlflow_run(key)
+    if run_id is None or not tracking.run_exists(run_id):
+        run_id = tracking.find_or_create_run(manifest.data["experiment_id"], manifest.slot(key),
+                                             key.replace("/", "-"), parent, tags)
+        manifest.set_mlflow_run(key, run_id)
+    return run_id
+
+
+def launched(argv: list[str] | None = None) -> None:
+    """Each process of `accelerate launch` (`pipeline.launch.launch_phase`): `python -m pipeline.phases WORK_DIR`.
+
+    Runs the phase's body as the pipeline's process would (`execute`); the main process writes its result.
+    """
+    import contextlib
+    import os
+    import sys
+    from pathlib import Path
+
+    from pipeline.loading import config_from_dict
+    from pipeline.rundir import write_json_atomic
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m pipeline.phases WORK_DIR (started by pipeline.launch.launch_phase)")
+    work_dir = Path(argv[0])
+    request = read_json(work_dir / "request.json")
+    cfg = config_from_dict(request["config"], check_trl=False)  # checked in full by the parent
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    # Only the main process logs: its runs are made active around the trainers, as in the pipeline's process.
+    runs = PhaseRuns(**request["runs"], logging=main_process)
+    result = execute(cfg, request["phase"], runs, request["kwargs"])
+    if main_process:
+        write_json_atomic(work_dir / "result.json", result.to_manifest())
+    with contextlib.suppress(Exception):  # the group may already be gone; nothing is left to synchronise
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    launched()

@@ -1,0 +1,165 @@
+"""Every check before work starts, run once: the config's data, models, prompts and reward functions, the
+launcher, MLflow and the run directory (`preflight` for `igrpo run` and the flow; `check_run` for `igrpo check`).
+
+Each check raises the loader's own clear error, naming the field, file, row, path or URI, and writes nothing.
+"""
+
+from __future__ import annotations
+
+from pipeline import tracking
+from pipeline.config import PipelineConfig
+from pipeline.loading import resumed_config_diff
+from pipeline.problems import problem_set_from_config
+from pipeline.rundir import Manifest, RunDirError, refuse_if_locked
+
+
+def _problems(cfg: PipelineConfig) -> str:
+    from pipeline.eval_phase import held_out_problems
+
+    problems = problem_set_from_config(cfg)
+    held_out_problems(cfg, problems)
+    return f"{problems.name}: {len(problems.train)} train, {len(problems.test)} held-out problems"
+
+
+def _model(spec: str, field: str, causal_lm: bool = False) -> str:
+    from models.factories import check_model_available
+
+    path, gguf = check_model_available(spec, field, causal_lm=causal_lm)
+    return f"{path}/{gguf}" if gguf else path
+
+
+def _policy_model(cfg: PipelineConfig) -> str:
+    return "tiny (built here)" if cfg.policy.model == "tiny" else _model(cfg.policy.model, "policy.model", causal_lm=True)
+
+
+def _reward_model_backbone(cfg: PipelineConfig) -> str:
+    spec = cfg.reward_model.model
+    return "the round's policy" if spec is None else _model(spec, "reward_model.model")
+
+
+def _prompts(cfg: PipelineConfig) -> str:
+    from pipeline.prompts import check_prompt_format
+
+    try:
+        problem = problem_set_from_config(cfg).train[0]
+    except Exception:  # the problems check reports it
+        return "not checked: the problem set does not load"
+    try:
+        _policy_model(cfg)
+    except Exception:  # the policy.model check reports it
+        return "not checked: the policy does not load"
+    return f"prompt format {check_prompt_format(cfg, problem)}"
+
+
+# GRPOTrainer's own keyword arguments, which a probe before any training cannot give a reward function.
+_TRL_ONLY_KWARGS = {"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
+
+
+def _rewards(cfg: PipelineConfig) -> str:
+    """Call each GRPO reward function that needs no trained RM on the gold solutions of a few training problems,
+    as GRPO will (the dataset's columns as keyword arguments; the prompt as plain text), so that one which
+    raises or returns NaN, a string or the wrong count fails now, as `checked`'s RewardError, not after round 0."""
+    from pipeline.rewards import REWARD_FUNCS, RewardError, active_rewards, build_reward_func
+
+    try:
+        problem_set = problem_set_from_config(cfg)
+    except Exception:  # the problems check reports it
+        return "not checked: the problem set does not load"
+    problems = problem_set.train[:8]
+    names = [n for n in active_rewards(cfg.supervision.mode, cfg.supervision.rewards)
+             if REWARD_FUNCS[n].reward_model is None]
+    columns = {"prompts": [p.prompt for p in problems], "prompt": [p.prompt for p in problems],
+               "prompt_text": [p.prompt for p in problems], "answer": [p.answer for p in problems],
+               "prompt_id": [p.id for p in problems], "solution": [p.solution for p in problems]}
+    probed = []
+    for name in names:
+        try:
+            build_reward_func(name, problem_set, {})([p.solution for p in problems], **columns)
+        except RewardError as e:
+            if isinstance(e.__cause__, KeyError) and e.__cause__.args and e.__cause__.args[0] in _TRL_ONLY_KWARGS:
+                continue  # it reads what only GRPO gives: GRPO's own call checks it
+            raise RewardError(f"supervision.rewards: {e} (probed on the gold solutions of {len(problems)} "
+                              "training problems before any work)") from e
+        probed.append(name)
+    return f"{', '.join(probed) or 'none'} probed on {len(problems)} gold solutions"
+
+
+def _launcher(cfg: PipelineConfig) -> str:
+    if cfg.launcher.kind == "local":
+        return "local (this process)"
+    from pipeline.launch import check_launchable
+
+    check_launchable(cfg.launcher)
+    return f"accelerate launch ({cfg.launcher.config_file or 'accelerate default config'})"
+
+
+def _runs_dir_is_a_folder(cfg: PipelineConfig) -> None:
+    """A RunDirError naming `run.runs_dir` where it, or a folder above it, is a file: the run could not start."""
+    from pathlib import Path
+
+    for path in (cfg.run_dir, *cfg.run_dir.parents):
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"run.runs_dir: {str(Path(cfg.run.runs_dir))!r} cannot hold run directories: "
+                              f"{str(path)!r} is a file, not a folder")
+
+
+def _run_directory(cfg: PipelineConfig) -> str:
+    """What `igrpo run` would do with the run directory; a RunDirError where it would refuse."""
+    _runs_dir_is_a_folder(cfg)
+    refuse_if_locked(cfg.run_dir)
+    try:
+        manifest = Manifest.load(cfg.run_dir)
+    except FileNotFoundError:
+        return f"{cfg.run_dir}: new (will be created)"
+    refuse_changed_config(manifest, cfg)
+    return f"{cfg.run_dir}: resumes it ({len(manifest.data['phases'])} phases done)"
+
+
+def refuse_changed_config(manifest: Manifest, cfg: PipelineConfig) -> None:
+    """A RunDirError listing the differing keys when the run directory was started with another config."""
+    diff = resumed_config_diff(manifest.data["config"], cfg)
+    if diff:
+        raise RunDirError(
+            f"{cfg.run_dir} was started with another config; differing keys:\n  " + "\n  ".join(diff)
+            + "\nUse another run.name, or --force to continue with the new config"
+        )
+
+
+# The checks of the config's inputs, by what they check; each returns what it found, in a few words.
+CHECKS = {
+    "problems": _problems,
+    "policy.model": _policy_model,
+    "reward_model.model": _reward_model_backbone,
+    "problems.prompt_format": _prompts,
+    "supervision.rewards": _rewards,
+    "launcher": _launcher,
+}
+
+
+def preflight(cfg: PipelineConfig) -> None:
+    """What can be checked before any work: the problem set loads, the policy's and the RMs' model specs resolve
+    and their checkpoints are whole, the prompt format suits its tokenizer, the reward functions that need no RM
+    score gold solutions, MLflow answers.
+
+    Raises the loader's own clear error (naming the file, row, path or URI); writes nothing in the run dir.
+    """
+    _runs_dir_is_a_folder(cfg)
+    for check in CHECKS.values():
+        check(cfg)
+    tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+
+
+def check_run(cfg: PipelineConfig) -> tuple[dict[str, str], list[str]]:
+    """`igrpo check`: the preflight, creating nothing (MLflow's store is probed, not opened), and the run directory.
+
+    Every check runs, so all problems show at once. Returns (what each check found, the errors).
+    """
+    checks = {**CHECKS, "tracking": lambda c: tracking.probe(c.tracking.tracking_uri, c.tracking.experiment),
+              "run directory": _run_directory}
+    found, errors = {}, []
+    for name, check in checks.items():
+        try:
+            found[name] = check(cfg)
+        except (ValueError, OSError, RuntimeError) as e:  # the loaders' and checks' own errors, one line each
+            errors.append(str(e))
+    return found, errors
