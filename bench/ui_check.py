@@ -8,11 +8,13 @@ Needs Debian's `chromium` (`apt-get install chromium`) and Playwright (`pip inst
 system's Chromium and downloads no browser). It starts `mlflow ui` on a free localhost port (stopped by its own
 pid at the end), loads pages in headless Chromium and saves:
 - `mlflow_experiment.png`: the experiment's runs, in the model-training view;
-- `mlflow_charts.png`: the parent run's model metrics (Pass@K, Maj@K, greedy, RM quality; step = round);
+- `mlflow_charts.png`: the parent run's model metrics as a user first sees them, unfiltered: the `accuracy`
+  section (greedy, Maj@K, Pass@K; step = round) first, then best-of-N, collection, RM quality, ...;
 - `mlflow_samples.png`: the last round's sample table (`samples/eval.json`, prompt, completion, answer,
   verifier, PRM step scores, ORM score) in the run's artifact view.
 For each page it also reads the rendered page and prints whether the expected names are on it, so a page that
-renders empty (a wrong URL, a view that needs a click) shows as a failed check, not as a blank picture.
+renders empty (a wrong URL, a view that needs a click) shows as a failed check, not as a blank picture; on the
+charts page, also that the sections come in the order `tracking.metric_name` is for.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
+
+from pipeline.tracking import HEADLINE_SECTION  # noqa: E402
 
 SAMPLES_ARTIFACT = "samples/eval.json"
 
@@ -87,17 +92,24 @@ def chromium() -> str:
     raise SystemExit("ui_check: no chromium on PATH (Debian: apt-get install chromium)")
 
 
+# Headless, no GPU, and nothing fetched but the page: no QUIC, sync, component or background updates.
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
 @contextlib.contextmanager
 def browser():
-    """A headless page in the system's Chromium, driven by Playwright (which then downloads no browser)."""
+    """A headless page in the system's Chromium, driven by Playwright (which then downloads no browser), with a
+    fresh profile: no chart layout that MLflow's UI kept in the browser's local storage from an earlier look."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+    with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="igrpo-chromium-") as profile:
+        context = p.chromium.launch_persistent_context(profile, executable_path=chromium(), headless=True,
+                                                       args=CHROMIUM_FLAGS, viewport={"width": 1600, "height": 1100})
         try:
-            yield b.new_page(viewport={"width": 1600, "height": 1100})
+            yield context.pages[0] if context.pages else context.new_page()
         finally:
-            b.close()
+            context.close()
 
 
 # MLflow 3.17's UI takes its view (GenAI or model training) from its own switch, not from the experiment's kind
@@ -130,6 +142,11 @@ def shoot(page, url: str, png: Path, wait_for: str, search: str | None = None, n
     return [n for n in names if n not in html]
 
 
+def section_order(page) -> list[str]:
+    """The chart sections of a run's metrics page, top to bottom, as their headers read ("accuracy (11)")."""
+    return page.get_by_text(re.compile(r"^[\w/.-]+ \(\d+\)$")).all_inner_texts()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", help="an MLflow tracking URI to look at (default: run a mini pipeline first)")
@@ -156,8 +173,12 @@ def main(argv=None) -> int:
         print(f"experiment {experiment}: {png}  " + ("ok" if not missing else f"MISSING {missing}"))
         failed += missing
         png = out / "mlflow_charts.png"
-        missing = shoot(page, f"{base}/{parent.info.run_id}/model-metrics", png, "Model metrics", search="eval/",
-                        names=("maj_at_4", "pass_at_4", "greedy"))
+        missing = shoot(page, f"{base}/{parent.info.run_id}/model-metrics", png, "Model metrics",
+                        names=tuple(f"{HEADLINE_SECTION}/{name}" for name in ("greedy", "maj_at_4", "pass_at_4")))
+        sections = section_order(page)
+        print(f"  sections, top to bottom: {', '.join(sections)}")
+        if not sections or not sections[0].startswith(f"{HEADLINE_SECTION} ("):
+            missing.append(f"the {HEADLINE_SECTION} section first")
         print(f"charts of {parent.info.run_name}: {png}  " + ("ok" if not missing else f"MISSING {missing}"))
         failed += missing
         if evals:

@@ -4,7 +4,10 @@ Runs are created with explicit ids (kept in the run directory's manifest), so a 
 reattaches to its runs instead of duplicating them. Trainers log through transformers' MLflow callback
 into the phase run made active around them.
 
-MLflow forbids '@' in metric names, so Pass@K and Maj@K are logged as `eval/pass_at_K`, `eval/maj_at_K`.
+Metric names go through `metric_name`: '@' (which MLflow forbids) is spelled `_at_`, and the headline figures
+(`eval/greedy`, `eval/pass@K`, `eval/maj@K`) are logged as `accuracy/greedy`, `accuracy/pass_at_K`, `accuracy/maj_at_K`,
+so that MLflow's run page, whose chart sections are the name's part before the last '/' sorted alphabetically,
+shows them first.
 MLflow also reserves the alias `latest`; `models:/<name>/latest` already resolves to the newest version.
 `connect` gives the experiment MLflow 3's model-training kind tag where nobody chose a kind (MLflow 3.17's UI
 picks its view from its own GenAI / Model training switch instead: README, Tracking).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import traceback
 from pathlib import Path
 from typing import Any
@@ -130,9 +134,34 @@ def _creatable(uri: str, path: Path, must_exist: bool) -> str:
     return f"{path} (will be created)"
 
 
+# The headline figures, and the chart section MLflow's run page shows them in: its sections are the names' part
+# before the last '/', sorted (`RunsChartsCardConfig.getBaseChartAndSectionConfigs` in MLflow's UI), and this one
+# sorts before every other family's (`bon`, `collect`, `eval`, ...: tests/test_tracking_names.py).
+_HEADLINE = re.compile(r"eval/(greedy|(?:pass|maj)@\d+)")
+HEADLINE_SECTION = "accuracy"
+
+
 def metric_name(key: str) -> str:
-    """'pass@4' -> 'pass_at_4' (MLflow's allowed characters)."""
+    """The MLflow name of metric `key`: '@' (which MLflow forbids) as `_at_`, and the headline figures in their
+    own section, first on the run page; every other key keeps its family. `metric_key` reverses it.
+
+    >>> metric_name("eval/pass@4"), metric_name("eval/greedy"), metric_name("bon/prm@4")
+    ('accuracy/pass_at_4', 'accuracy/greedy', 'bon/prm_at_4')
+    """
+    if m := _HEADLINE.fullmatch(key):
+        key = f"{HEADLINE_SECTION}/{m.group(1)}"
     return key.replace("@", "_at_")
+
+
+def metric_key(name: str) -> str:
+    """The metric key that `metric_name` logs as MLflow's `name`.
+
+    >>> metric_key("accuracy/maj_at_16"), metric_key("bon/prm_vote_at_4")
+    ('eval/maj@16', 'bon/prm_vote@4')
+    """
+    key = name.replace("_at_", "@")
+    section, _, leaf = key.partition("/")
+    return f"eval/{leaf}" if section == HEADLINE_SECTION and _HEADLINE.fullmatch(f"eval/{leaf}") else key
 
 
 def create_run(experiment_id: str, name: str, parent_id: str | None = None, tags: dict | None = None) -> str:

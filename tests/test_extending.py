@@ -1,7 +1,8 @@
 """Extension points proven from outside: this file alone registers a problem set, a reward function, a supervision
-mode and a reward-model kind, with no edit under `pipeline/` or `models/`, and runs two real rounds with all four
-(round 0: SFT on the new set, MC-labelled collection, the new RM trained; round 1: GRPO in the new mode, its step
-rewards from the new RM kind, its outcome term from the new reward function). docs/extending.md walks through it.
+mode, a reward-model kind and a phase, with no edit under `pipeline/` or `models/`, and runs two real rounds with
+all five (round 0: SFT on the new set, MC-labelled collection, the new phase reading its shard, the new RM trained;
+round 1: GRPO in the new mode, its step rewards from the new RM kind, its outcome term from the new reward
+function). docs/extending.md walks through it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import re
 import pytest
 from pydantic import Field
 
-from pipeline import modes, problems, rewards, rm_kinds
+from pipeline import modes, phases, problems, rewards, rm_kinds
 from pipeline.modes import AdvantageInputs, SupervisionMode, register_mode
+from pipeline.phases import Phase, PhaseResult, register_phase
 from pipeline.problems import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind, register_problem_set
 from pipeline.rewards import RewardSpec
 from pipeline.rm_kinds import RewardModelKind, RMKindEntry, register_rm_kind
@@ -133,15 +135,31 @@ SOFT_PRM = RewardModelKind(examples=_soft_prm_examples, pairwise=lambda rm: Fals
                            metrics=_soft_prm_metrics, lora_task_type="TOKEN_CLS", solution_auc="soft_prm/solution_auc")
 
 
+# --- a phase: the shard's figures, after collection ------------------------------------------------------
+
+
+def shard_stats(cfg, runs, round_index: int, shard: str) -> PhaseResult:
+    from pipeline.replay import read_shard
+
+    rows = read_shard(shard)
+    return PhaseResult({"shard_stats/rows": float(len(rows)),
+                        "shard_stats/steps_per_sample": sum(len(r["steps"]) for r in rows) / len(rows)})
+
+
+STATS = Phase("shard_stats", shard_stats, lambda done, r: {"shard": done(r, "collect").path},
+              figures=("shard_stats/rows",))
+
+
 @pytest.fixture
 def registered():
     """The four registrations, undone after the test (the tables as they were, the config's sections too)."""
-    tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS)
+    tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS, phases.PHASES)
     before = [dict(t) for t in tables]
     register_problem_set(DOUBLING)
     rewards.register_reward("brevity", RewardSpec(brevity))
     register_mode("centred_hybrid", CENTRED)
     register_rm_kind("soft_prm", RMKindEntry("AutoModelForTokenClassification", True, SOFT_PRM, "soft-label PRM"))
+    register_phase(STATS, after="collect")
     yield
     for table, old in zip(tables, before):
         table.clear()
@@ -212,3 +230,9 @@ def test_two_rounds_with_every_registered_component(registered, tmp_path, mlflow
     metrics = MlflowClient().get_run(manifest.mlflow_run("round-001/policy")).data.metrics
     assert {"centred_hybrid/process_mean_removed", "centred_hybrid/advantage_mean", "rewards/brevity/mean",
             "process/step_reward_mean"} <= set(metrics)
+    # The phase: run in both rounds after collection, recorded, logged into its own MLflow run.
+    assert list(phases.PHASES) == ["policy", "collect", "shard_stats", "reward_model", "eval"]
+    for r in (0, 1):
+        assert manifest.output(r, "shard_stats")["metrics"]["shard_stats/rows"] == len(shard)
+    stats = MlflowClient().get_run(manifest.mlflow_run("round-001/shard_stats")).data.metrics
+    assert stats["shard_stats/rows"] == len(shard)
