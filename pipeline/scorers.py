@@ -6,7 +6,7 @@ solution score per (prompt, completion); the PRM also gives its step scores (`Pr
 `scorer.scores(prompts, completions)` gives both from one pass (`Scores`: the step scores only where the
 kind has them), for the eval phase, which keeps them for MLflow's sample tables. `GoldStepScorer` gives
 GRPO a problem set's gold step labels in the PRM's place (`reward_model.oracle: gold`).
-Which scorer a reward-model kind has, and how a checkpoint becomes one, is `pipeline.reward_model.RM_KINDS`.
+Which scorer a reward-model kind has, and how a checkpoint becomes one, is its entry in `pipeline.rm_kinds.RM_KINDS`.
 
 A non-finite score is an error naming the sample (a broken checkpoint), never masked.
 """
