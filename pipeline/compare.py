@@ -23,8 +23,9 @@ def rounds_from_run_dir(run_dir: Path) -> dict[int, dict[str, float]]:
 
 
 _RUN_ID = re.compile(r"[0-9a-f]{32}")  # MLflow's run ids: uuid4 hex
-# The parent run's names of what `rounds_from_run_dir` reads (MLflow spells '@' as '_at_').
-_COMPARED = re.compile(r"eval/(greedy|pass_at_\d+|maj_at_\d+)|(bon/\w+_at_\d+)")
+# The metrics of the parent run that `rounds_from_run_dir` reads, by their keys (`tracking.metric_key` of MLflow's
+# names: '@' is spelled `_at_` there, and the headline figures have a section of their own).
+_COMPARED = re.compile(r"eval/(greedy|pass@\d+|maj@\d+)|(bon/\w+@\d+)")
 
 
 def rounds_from_mlflow(run_id: str, tracking_uri: str | None) -> dict[int, dict[str, float]]:
@@ -45,11 +46,11 @@ def rounds_from_mlflow(run_id: str, tracking_uri: str | None) -> dict[int, dict[
         raise ValueError(f"MLflow run {run_id} not found at {uri} ({e.message.splitlines()[0]}); "
                          "give --tracking-uri where it was logged") from None
     out: dict[int, dict[str, float]] = {}
-    for key in run.data.metrics:
-        m = _COMPARED.fullmatch(key)
+    for name in run.data.metrics:
+        m = _COMPARED.fullmatch(tracking.metric_key(name))
         if m:
-            for point in client.get_metric_history(run_id, key):
-                out.setdefault(point.step, {})[(m.group(1) or m.group(2)).replace("_at_", "@")] = point.value
+            for point in client.get_metric_history(run_id, name):
+                out.setdefault(point.step, {})[m.group(1) or m.group(2)] = point.value
     if not out:
         raise ValueError(f"MLflow run {run_id} has no eval/* metrics: is it a pipeline (parent) run?")
     return out

@@ -20,7 +20,7 @@ from flows.cli import main
 from pipeline.phases import PHASES
 from pipeline.replay import read_shard
 from pipeline.rundir import RunDir, phase_key, read_json
-from pipeline.tracking import PARENT_TAG
+from pipeline.tracking import PARENT_TAG, metric_name
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "mini"  # run.name of mini_config
@@ -183,5 +183,5 @@ def assert_complete_run(cfg, experiment: str, maj_k: int = 4) -> None:
     for name, phases in s["phases"].items():
         assert phases == sorted(f"{name}-{p}" for p in PHASES)
     parent = s["parents"][0].info.run_id
-    history = MlflowClient().get_metric_history(parent, f"eval/maj_at_{maj_k}")
+    history = MlflowClient().get_metric_history(parent, metric_name(f"eval/maj@{maj_k}"))
     assert sorted(h.step for h in history) == list(range(rounds + 1))

@@ -30,7 +30,7 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
     assert client.get_run(parent).info.status == "FINISHED"
     # Cross-round metrics on the parent, step = round.
     metrics = client.get_run(parent).data.metrics
-    for key in ("eval/greedy", "eval/pass_at_4", "eval/maj_at_2", "prm/mean_score", "collect/he_gold_agreement",
+    for key in ("accuracy/greedy", "accuracy/pass_at_4", "accuracy/maj_at_2", "prm/mean_score", "collect/he_gold_agreement",
                 "monitor/prm_gap", "policy/reward_end", "bon/prm_at_4", "bon/prm_vote_at_4", "bon/orm_vote_at_2"):
         assert key in metrics, key
     # TRL's own metrics landed in the GRPO phase's run.

@@ -122,7 +122,7 @@ def test_smollm2_gsm8k_recipe_one_round(tmp_path, prefect_harness, mlflow_tmp):
     client = MlflowClient()
     parent = result["mlflow_run"]
     assert client.get_run(parent).info.status == "FINISHED"
-    for key in ("eval/greedy", "eval/maj_at_2", "bon/prm_at_2", "monitor/prm_gap", "collect/imputed_label_share"):
+    for key in ("accuracy/greedy", "accuracy/maj_at_2", "bon/prm_at_2", "monitor/prm_gap", "collect/imputed_label_share"):
         assert sorted(m.step for m in client.get_metric_history(parent, key)) == [0, 1], key
     assert "policy/reward_end" in client.get_run(parent).data.metrics
     s = mlflow_structure(experiment)
