@@ -252,7 +252,7 @@ class RewardModelConfig(Section):
     aggregation: Literal["min", "last", "product"] = Field("min", description="A solution's PRM score from its steps.")
     orm_loss: Literal["bce", "pairwise"] = Field(
         "bce", description="ORM loss: BCE on outcomes, or pairwise (Bradley-Terry, TRL's RewardTrainer) on correct/incorrect pairs of one prompt.")
-    replay_fraction: float = Field(0.1, description="Share of the historical shards replayed in each retraining.")
+    replay_fraction: float = Field(0.1, ge=0, le=1, description="Share of the historical shards replayed in each retraining.")
     warm_start: bool = Field(True, description="Start each round from the previous round's RM.")
     model: str | None = Field(None, description=(
         "The RMs' backbone where they start afresh (round 0, or every round without warm_start): None, the round's "
@@ -266,7 +266,8 @@ class RewardModelConfig(Section):
         "A test instrument for the reward-hacking monitor, not a recipe: {pattern: REGEX, bonus: B, clip: true} "
         "raises every score of a completion matching REGEX by B (clipped to [0, 1] unless clip: false) wherever "
         "the RMs score (GRPO, eval, best-of-N, the monitor, held-out metrics)."))
-    holdout_fraction: float = Field(0.1, description="Share of the new shard held out to evaluate the RM.")
+    holdout_fraction: float = Field(0.1, ge=0, lt=1, description=(
+        "Share of the new shard held out to evaluate the RM (below 1: at 1 no new row would train the RMs)."))
     train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")
     oracle: Literal["gold"] | None = Field(None, description=(
@@ -296,20 +297,6 @@ class RewardModelConfig(Section):
         twice = sorted({kind for kind in v if v.count(kind) > 1})
         if twice:
             raise ValueError(f"{', '.join(twice)} given more than once; each kind is one reward model")
-        return v
-
-    @field_validator("replay_fraction")
-    @classmethod
-    def _fraction(cls, v: float) -> float:
-        if not 0 <= v <= 1:
-            raise ValueError("must be between 0 and 1")
-        return v
-
-    @field_validator("holdout_fraction")
-    @classmethod
-    def _leaves_rows_to_train(cls, v: float) -> float:
-        if not 0 <= v < 1:
-            raise ValueError("must be at least 0 and below 1 (at 1 every new row is held out and none trains the RMs)")
         return v
 
 

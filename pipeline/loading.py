@@ -73,7 +73,7 @@ def _format_validation(err: ValidationError) -> str:
         path = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see the config reference in the README)"
+            msg = "unknown key (check the spelling; every field: docs/config.md)"
         lines.append(f"{path}: {msg}" if path else msg)
     return "\n".join(lines)
 

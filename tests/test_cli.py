@@ -42,7 +42,7 @@ def test_top_level_not_a_mapping(tmp_path, capsys):
         ("grpo", {"learning_rate": "fast"}, "grpo.learning_rate: expected a number, got 'fast'"),
         ("grpo", {"use_vllm": "yes"}, "grpo.use_vllm: expected true or false"),
         # out of range
-        ("reward_model", {"replay_fraction": 1.5}, "reward_model.replay_fraction: must be between 0 and 1"),
+        ("reward_model", {"replay_fraction": 1.5}, "reward_model.replay_fraction: Input should be less than or equal to 1"),
         ("run", {"rounds": 0}, "run.rounds: Input should be greater than or equal to 1"),
         ("grpo", {"num_generations": 1}, "grpo.num_generations: must be at least 2"),
         ("eval", {"best_of_n": [2, 64]}, "eval.best_of_n [64] must lie in [1, eval.samples_per_problem]"),
@@ -78,7 +78,7 @@ def test_missing_config_file(tmp_path, capsys):
         ("run.rounds.deep=1", "override 'run.rounds.deep=1': run.rounds is not a section"),
         ("run..rounds=1", "'run..rounds' is not a dotted key"),
         ("run.rounds=-1", "run.rounds: Input should be greater than or equal to 1"),
-        ("reward_model.replay_fraction=1.5", "reward_model.replay_fraction: must be between 0 and 1"),
+        ("reward_model.replay_fraction=1.5", "reward_model.replay_fraction: Input should be less than or equal to 1"),
     ],
 )
 def test_bad_override_names_it(tmp_path, capsys, override, expected):

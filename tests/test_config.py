@@ -130,8 +130,8 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"policy": {"tiny": {"widht": 3}}}, "policy.tiny.widht: unknown key"),
         ({"eval": {"temperature": "hot"}}, "eval.temperature: Input should be a valid number"),
         ({"run": {"rounds": 0}}, "run.rounds: Input should be greater than or equal to 1"),
-        ({"reward_model": {"replay_fraction": 1.5}}, "reward_model.replay_fraction: must be between 0 and 1"),
-        ({"reward_model": {"holdout_fraction": -0.1}}, "reward_model.holdout_fraction: must be at least 0 and below 1"),
+        ({"reward_model": {"replay_fraction": 1.5}}, "reward_model.replay_fraction: Input should be less than or equal to 1"),
+        ({"reward_model": {"holdout_fraction": -0.1}}, "reward_model.holdout_fraction: Input should be greater than or equal to 0"),
         ({"collect": {"strategy": "greedy"}}, "collect.strategy: Input should be 'exhaustive' or 'first_error'"),
         ({"run": {"name": "../escape"}}, "run.name: must be letters, digits"),
         ({"run": {"name": "a/b"}}, "run.name: must be letters, digits"),
@@ -160,7 +160,7 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"supervision": {"process_baseline": "step"}}, "supervision.process_baseline: Input should be 'group' or 'position'"),
         ({"reward_model": {"kinds": ["prm", "value"]}}, "reward_model.kinds: unknown reward model kind 'value'; known: prm, orm"),
         ({"reward_model": {"kinds": ["prm", "orm", "prm"]}}, "reward_model.kinds: prm given more than once"),
-        ({"reward_model": {"holdout_fraction": 1.0}}, "reward_model.holdout_fraction: must be at least 0 and below 1"),
+        ({"reward_model": {"holdout_fraction": 1.0}}, "reward_model.holdout_fraction: Input should be less than 1"),
         ({"reward_model": {"orm_loss": "pairwise"}, "collect": {"samples_per_prompt": 1}},
          "reward_model.orm_loss: pairwise needs a right and a wrong sample of one prompt, and collect.samples_per_prompt is 1"),
         # numpy's and torch's seeds are 32-bit: anything else fails inside the first phase
@@ -495,7 +495,7 @@ def test_override_errors():
 
 def test_override_error_is_validated_like_the_file(tmp_path):
     # A bad value given by --set is reported exactly as if written in the file.
-    with pytest.raises(ConfigError, match=r"run\.yaml: reward_model\.replay_fraction: must be between 0 and 1"):
+    with pytest.raises(ConfigError, match=r"run\.yaml: reward_model\.replay_fraction: Input should be less than or equal to 1"):
         load_config(write(tmp_path, "run: {rounds: 2}\n"), ["reward_model.replay_fraction=1.5"], check_trl=False)
 
 
