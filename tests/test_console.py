@@ -111,7 +111,8 @@ def test_a_failing_phase_still_shows_its_error(tmp_path, prefect_harness):
 
 
 def test_trl_configs_are_built_without_the_deprecated_checkpointing_name():
-    cfg = config_from_dict(mini_config(Path("unused")), check_trl=False)
+    # A real model keeps TRL's default (the tiny policy trains without checkpointing: test_config.py).
+    cfg = config_from_dict(mini_config(Path("unused"), policy={"model": "org/some-model"}), check_trl=False)
     with warnings.catch_warnings(record=True) as seen, tempfile.TemporaryDirectory() as tmp:
         warnings.simplefilter("always")
         built = [grpo_config(cfg, tmp), sft_config(cfg, tmp)]
