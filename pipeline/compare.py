@@ -14,9 +14,14 @@ def rounds_from_run_dir(run_dir: Path) -> dict[int, dict[str, float]]:
     """round -> eval metrics (`greedy`, `pass@K`, `maj@K`, best-of-N's `bon/<what>@N`) from each round's eval.json."""
     out = {}
     for path in sorted(run_dir.glob("round-*/eval.json")):
-        data = read_json(path)
-        bon = {k: v for k, v in data["metrics"].items() if k.startswith("bon/")}
-        out[int(data["round"])] = {"greedy": data["metrics"]["eval/greedy"], **data["curve"], **bon}
+        try:
+            data = read_json(path)
+            bon = {k: v for k, v in data["metrics"].items() if k.startswith("bon/")}
+            out[int(data["round"])] = {"greedy": data["metrics"]["eval/greedy"], **data["curve"], **bon}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not an eval phase's JSON
+            raise ValueError(f"{path}: damaged ({type(e).__name__}: {e}); restore it, or delete it and its "
+                             f"'{path.parent.name}/eval' entry in the manifest's phases, and `igrpo run` redoes "
+                             "that eval phase") from None
     if not out:
         raise FileNotFoundError(f"{run_dir}: no round-*/eval.json: not a run directory, or no round evaluated yet")
     return out

@@ -157,12 +157,16 @@ def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 def resumed_config_diff(stored: dict, current: PipelineConfig) -> list[str]:
     """`config_diff` of a resumed run's stored config against `current`, the stored one read by today's model.
 
-    So a field added since (stored without it, at its default now) or read under an old name is no change.
-    A stored config today's model refuses (a field since removed) is compared as it was stored.
+    So a field added since (stored without it, at its default now) or read under an old name is no change, and
+    neither is more rounds (`run.rounds` raised): that extends a run, it changes nothing that was done. A stored
+    config today's model refuses (a field since removed) is compared as it was stored.
     """
     try:
         stored = PipelineConfig.model_validate(stored).model_dump(mode="json")
     except ValidationError:
         pass
+    rounds = (stored.get("run") or {}).get("rounds")
+    if isinstance(rounds, int) and current.run.rounds >= rounds:
+        stored = {**stored, "run": {**stored["run"], "rounds": current.run.rounds}}
     return config_diff(stored, current.model_dump(mode="json"))
 
