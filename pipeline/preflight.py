@@ -6,11 +6,13 @@ Each check raises the loader's own clear error, naming the field, file, row, pat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.loading import resumed_config_diff
 from pipeline.problems import problem_set_from_config
-from pipeline.rundir import Manifest, RunDirError, refuse_if_locked
+from pipeline.rundir import Manifest, RunDirError, read_json, refuse_if_locked
 
 
 def _problems(cfg: PipelineConfig) -> str:
@@ -95,8 +97,6 @@ def _launcher(cfg: PipelineConfig) -> str:
 
 def _runs_dir_is_a_folder(cfg: PipelineConfig) -> None:
     """A RunDirError naming `run.runs_dir` where it, or a folder above it, is a file: the run could not start."""
-    from pathlib import Path
-
     for path in (cfg.run_dir, *cfg.run_dir.parents):
         if path.exists() and not path.is_dir():
             raise RunDirError(f"run.runs_dir: {str(Path(cfg.run.runs_dir))!r} cannot hold run directories: "
@@ -113,6 +113,48 @@ def _run_directory(cfg: PipelineConfig) -> str:
         return f"{cfg.run_dir}: new (will be created)"
     refuse_changed_config(manifest, cfg)
     return f"{cfg.run_dir}: resumes it ({len(manifest.data['phases'])} phases done)"
+
+
+def _recorded_outputs(cfg: PipelineConfig) -> str:
+    """Each output a resumed run's manifest records, opened far enough to know it is whole (a checkpoint's config,
+    weight headers and tokenizer; a shard's parquet footer; a JSON that parses), so that a damaged file is one
+    error naming it before any work, not a traceback in the phase that reads it hours later."""
+    try:
+        _runs_dir_is_a_folder(cfg)
+    except RunDirError:  # the run directory check reports it
+        return "not checked: run.runs_dir is not a folder"
+    try:
+        manifest = Manifest.load(cfg.run_dir)  # a damaged manifest: its own RunDirError
+    except FileNotFoundError:
+        return "none (a new run)"
+    outputs = [(key, Path(p)) for key, out in manifest.data["phases"].items()
+               for p in ([out["path"]] if out.get("path") else []) + list((out.get("paths") or {}).values())]
+    for key, path in outputs:
+        damage = _damage(path)
+        if damage:
+            raise RunDirError(f"{path}: recorded as the output of {key}, but {damage}. Restore it, or delete '{key}' "
+                              f"(and the phases after it) from the phases of {manifest.path}: `igrpo run` redoes them")
+    return f"{len(outputs)} recorded outputs whole"
+
+
+def _damage(path: Path) -> str | None:
+    """What is wrong with a recorded output, or None when it reads."""
+    if not path.exists():
+        return "it is missing"
+    try:
+        if path.is_dir():
+            from models.factories import check_checkpoint
+
+            check_checkpoint(str(path))
+        elif path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.read_metadata(path)
+        elif path.suffix == ".json":
+            read_json(path)
+    except Exception as e:  # each reader's own error, kept in one line
+        return f"it does not read ({' '.join(f'{type(e).__name__}: {e}'.split())[:300]})"
+    return None
 
 
 def refuse_changed_config(manifest: Manifest, cfg: PipelineConfig) -> None:
@@ -133,6 +175,7 @@ CHECKS = {
     "problems.prompt_format": _prompts,
     "supervision.rewards": _rewards,
     "launcher": _launcher,
+    "recorded outputs": _recorded_outputs,
 }
 
 

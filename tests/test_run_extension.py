@@ -40,3 +40,49 @@ def test_compare_names_a_damaged_eval_json_and_how_to_recover(tmp_path, capsys, 
     # Before: a JSONDecodeError ("Expecting value: line 2 column 1") or a KeyError traceback, without the file.
     assert err.startswith(f"igrpo: error: {run / 'round-000' / 'eval.json'}: damaged"), err
     assert "round-000/eval' entry in the manifest's phases" in err and "Traceback" not in err
+
+
+def _recorded_run(tmp_path, tiny_policy_dir):
+    """A run directory whose round 0 is recorded done: the tiny policy, a shard, an eval.json (no training)."""
+    import shutil
+
+    from pipeline.replay import write_shard
+    from pipeline.rundir import RunDir, write_json_atomic
+
+    data = mini_config(tmp_path)
+    cfg = config_from_dict(data, check_trl=False)
+    run = RunDir(cfg.run_dir)
+    shutil.copytree(tiny_policy_dir, run.policy(0))
+    row = {"round": 0, "policy": "p", "prompt_id": "a", "prompt": "1+1\n", "sample_index": 0, "completion": "x\n",
+           "answer": "2", "steps": ["x"], "outcome": 0, "he_labels": [0], "se_labels": [0.0], "gold_labels": None,
+           "rollouts": 2, "num_tokens": 2}
+    write_shard([row], run.shard(0))
+    write_json_atomic(run.eval_json(0), {"round": 0, "metrics": {}, "curve": {}})
+    manifest = Manifest(cfg.run_dir, {"config": cfg.model_dump(mode="json"), "phases": {}, "mlflow": {}})
+    manifest.record(0, "policy", {"metrics": {}, "path": str(run.policy(0))})
+    manifest.record(0, "collect", {"metrics": {}, "path": str(run.shard(0))})
+    manifest.record(0, "eval", {"metrics": {}, "path": str(run.eval_json(0))})
+    return data, run
+
+
+@pytest.mark.parametrize(("damaged", "recorded", "expected"), [
+    # truncated weights: before, "invalid header length" from the phase that loaded it, naming no file
+    (lambda run: run.policy(0) / "model.safetensors", lambda run: run.policy(0), "SafetensorError"),
+    (lambda run: run.shard(0), lambda run: run.shard(0), "Parquet"),  # a parquet file cut short: no footer
+    (lambda run: run.eval_json(0), lambda run: run.eval_json(0), "JSONDecodeError"),  # half a JSON
+], ids=["checkpoint", "shard", "eval-json"])
+def test_a_resume_names_a_damaged_recorded_output_before_any_work(tmp_path, capsys, tiny_policy_dir, damaged,
+                                                                  recorded, expected):
+    from tests._harness import run_cli
+
+    data, run = _recorded_run(tmp_path, tiny_policy_dir)
+    from pipeline.preflight import preflight
+
+    preflight(config_from_dict(data, check_trl=False))  # whole, it passes
+    path = damaged(run)
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    before = sorted(p.name for p in run.root.rglob("*"))
+    rc, err = run_cli(tmp_path, capsys, data)
+    assert rc == 2 and err.startswith(f"igrpo: error: {recorded(run)}: recorded as the output"), err
+    assert expected in err and "(and the phases after it) from the phases of" in err and "Traceback" not in err
+    assert sorted(p.name for p in run.root.rglob("*")) == before  # nothing written, nothing started
