@@ -315,25 +315,30 @@ def extend_last_step(step_ends: Sequence[Sequence[int]], lengths: Sequence[int])
 
 
 def advantage_stats(advantages: Tensor, lengths: Sequence[int]) -> dict[str, float]:
-    """Mean, std (unbiased), min and max of the advantages on the tokens that enter the loss.
+    """Mean, std (unbiased), min, max and root mean square of the advantages on the tokens that enter the loss,
+    and the mean's share of the RMS, |mean| / RMS.
 
     What GRPO actually trains on: TRL logs the statistics of its own outcome advantages, which process and
     rft modes replace. Token t of completion i counts when `t < lengths[i]` (a masked completion has
-    length 0 and does not count); an all-empty batch gives NaN statistics.
+    length 0 and does not count); an all-empty batch gives NaN statistics. Outcome advantages are centred
+    per group, so their per-token mean is near 0 (exactly 0 with equal lengths); DeepSeekMath's process
+    advantages are not, and `mean_share` says how much of the update pushes every sampled token the same way
+    (REFERENCE, "The mean of process advantages": -0.295 per token in a group of 8 with two slips).
 
     Args:
         advantages: (B, T) per-token advantages, or (B,) one advantage per completion (every token's).
         lengths: B token counts in the loss (eos included).
 
-    >>> advantage_stats(torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0]]), [2, 1])
-    {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0}
+    >>> {k: round(v, 4) for k, v in advantage_stats(torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0]]), [2, 1]).items()}
+    {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0, 'rms': 2.1602, 'mean_share': 0.9258}
     """
     used = loss_tokens(advantages, lengths)  # (tokens,)
     if used.numel() == 0:
-        nan = float("nan")
-        return {"mean": nan, "std": nan, "min": nan, "max": nan}
+        return dict.fromkeys(("mean", "std", "min", "max", "rms", "mean_share"), float("nan"))
     std = used.std().item() if used.numel() > 1 else 0.0
-    return {"mean": used.mean().item(), "std": std, "min": used.min().item(), "max": used.max().item()}
+    mean, rms = used.mean().item(), used.square().mean().sqrt().item()
+    return {"mean": mean, "std": std, "min": used.min().item(), "max": used.max().item(), "rms": rms,
+            "mean_share": abs(mean) / rms if rms > 0 else 0.0}
 
 
 def loss_tokens(advantages: Tensor, lengths: Sequence[int], width: int | None = None) -> Tensor:

@@ -154,13 +154,14 @@ class ProcessGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if self.mode.advantages is None:
-            return out
         from accelerate.utils import gather_object
 
         ids = out["completion_ids"]  # (B, T)
         lengths = [int(n) for n in out["completion_mask"].sum(1).tolist()]  # 0 for a masked completion
         all_lengths = gather_object(lengths)  # a group's completions may sit on several processes
+        if self.mode.advantages is None:  # TRL's own advantages: only their statistics are logged
+            self._log_advantages(torch.tensor(gather_object(out["advantages"].tolist())), all_lengths, table=False)
+            return out
         process = self._step_advantages(inputs, ids, lengths, all_lengths) if self.mode.step_rewards else None
         # TRL's outcome advantages, as outcome mode trains on them, are this process's rows: gather them in
         # process order, as the step scores were, before the mode combines them with the whole batch's.
@@ -195,10 +196,14 @@ class ProcessGRPOTrainer(GRPOTrainer):
             self._metrics[mode][key].append(value)
         return adv
 
-    def _log_advantages(self, adv, all_lengths: list[int]) -> None:
+    def _log_advantages(self, adv, all_lengths: list[int], table: bool = True) -> None:
+        """The statistics of the advantages trained on (`advantage_stats`, every mode), and, where they replace
+        TRL's (`table`), each completion's first-token advantage in TRL's completions table."""
         mode = "train" if self.model.training else "eval"
         for key, value in advantage_stats(adv, all_lengths).items():
             self._metrics[mode][f"{self.supervision.mode}/advantage_{key}"].append(value)
+        if not table:
+            return
         # TRL put its own (the verifier's) advantage of every gathered completion last in its table's log.
         logged = self._logs.get("advantages") if isinstance(getattr(self, "_logs", None), dict) else None
         if logged is not None and len(logged) >= len(all_lengths):

@@ -385,11 +385,34 @@ def test_extend_last_step_bad_input():
 def test_advantage_stats_counts_only_tokens_in_the_loss():
     adv = torch.tensor([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0], [7.0, 7.0, 7.0]])
     # Row 0: its first two tokens; row 1: one; row 2 is masked (length 0). Used: [1, 2, 3].
-    assert advantage_stats(adv, [2, 1, 0]) == {"mean": 2.0, "std": 1.0, "min": 1.0, "max": 3.0}
+    stats = advantage_stats(adv, [2, 1, 0])
+    assert {k: stats[k] for k in ("mean", "std", "min", "max")} == {"mean": 2.0, "std": 1.0, "min": 1.0, "max": 3.0}
+    # RMS sqrt((1 + 4 + 9) / 3) = 2.1602; the mean's share of it 2 / 2.1602 = 0.9258.
+    assert stats["rms"] == pytest.approx(math.sqrt(14 / 3), abs=1e-12)
+    assert stats["mean_share"] == pytest.approx(2 / math.sqrt(14 / 3), abs=1e-12)
     # One advantage per completion (rft): every token of the completion counts, so longer ones weigh more.
     stats = advantage_stats(torch.tensor([1.0, 0.0]), [3, 1])
     assert stats["mean"] == pytest.approx(0.75) and stats["std"] == pytest.approx(0.5)
     assert all(math.isnan(v) for v in advantage_stats(adv, [0, 0, 0]).values())
+
+
+def test_the_mean_of_process_advantages_worked_example():
+    # REFERENCE.md, "The mean of process advantages": a group of 8, six outputs with steps [1, 1, 1] and two with
+    # [1, 1, 0], one token per step. 22 ones and 2 zeros: mean 0.917, unbiased std 0.282; a 1 normalises to
+    # +0.295, a 0 to -3.246 (std + 1e-4). Right outputs' tokens get 0.885, 0.590, 0.295 by step, the flawed ones'
+    # -2.656, -2.951, -3.246; the per-token mean over the group is -0.295 where outcome advantages' is 0.
+    rewards = [[1.0, 1.0, 1.0]] * 6 + [[1.0, 1.0, 0.0]] * 2
+    adv = process_advantages(rewards, [[0, 1, 2]] * 8, 3, 8)  # (8, 3)
+    assert adv[0].tolist() == pytest.approx([0.885, 0.590, 0.295], abs=1e-3)
+    assert adv[7].tolist() == pytest.approx([-2.656, -2.951, -3.246], abs=1e-3)
+    stats = advantage_stats(adv, [3] * 8)
+    assert stats["mean"] == pytest.approx(-0.295, abs=1e-3)
+    assert stats["mean_share"] == pytest.approx(abs(stats["mean"]) / stats["rms"], abs=1e-12) and stats["mean_share"] > 0.15
+    # Plain-loop reference of the mean: every token of every output, one by one.
+    tokens = [adv[i, t].item() for i in range(8) for t in range(3)]
+    assert stats["mean"] == pytest.approx(sum(tokens) / len(tokens), abs=1e-12)
+    outcome = advantage_stats(torch.tensor([0.35] * 6 + [-1.05] * 2), [3] * 8)  # centred per group: mean 0
+    assert outcome["mean"] == pytest.approx(0.0, abs=1e-7) and outcome["mean_share"] == pytest.approx(0.0, abs=1e-7)
 
 
 def test_process_single_step_group_has_std_zero():

@@ -173,3 +173,33 @@ def test_hybrid_policy_phase_reports_the_prms_variance_share(tmp_path, tiny_dirs
     assert result.metrics["policy/process_variance_share"] == pytest.approx(shares[0], abs=1e-12)
     assert (tmp_path / "out" / "config.json").exists()
 
+
+
+@pytest.mark.parametrize("mode", ["outcome", "rft"])
+def test_every_mode_logs_the_mean_of_its_advantages_and_its_share_of_their_rms(tiny_policy_dir, tmp_path, mode):
+    # Outcome advantages are TRL's and were not logged by the pipeline: whether a run's advantages are centred
+    # (the process modes' are not) is a figure of every mode now.
+    from datasets import Dataset
+
+    from models import char_tokenizer
+    from pipeline.policy import ProcessGRPOTrainer
+
+    cfg = config_from_dict(mini_config(tmp_path, grpo={"max_steps": 1, "per_device_train_batch_size": 4,
+                                                        "num_generations": 4, "max_completion_length": 6},
+                                       supervision={"mode": mode}), check_trl=False)
+
+    def alternating(completions, **kwargs):  # 1, 0, 1, 0
+        return [float(i % 2 == 0) for i in range(len(completions))]
+
+    alternating.__name__ = "verifier"
+    trainer = ProcessGRPOTrainer(
+        model=str(tiny_policy_dir), reward_funcs=[alternating], processing_class=char_tokenizer(),
+        args=grpo_config(cfg, str(tmp_path / "scratch"), reward_weights=[1.0]),
+        train_dataset=Dataset.from_list([{"prompt": "7 +5\n"}] * 4), supervision=mode,
+    )
+    trainer.train()
+    logged = next(h for h in trainer.state.log_history if f"{mode}/advantage_mean" in h)
+    assert {f"{mode}/advantage_{k}" for k in ("mean", "std", "rms", "mean_share")} <= set(logged)
+    share = logged[f"{mode}/advantage_mean_share"]
+    # rft's advantages are 1s and 0s (mean > 0: share above 0); outcome's are centred per group.
+    assert (share > 0.3) if mode == "rft" else (share < 0.3)
