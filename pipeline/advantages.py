@@ -30,6 +30,7 @@ SCALES = ("group", "batch", "none")
 CREDITS = ("sum", "min")
 """How a token's process advantage gathers the normalised rewards of the steps ending at or after it."""
 BASELINES = ("group", "position")
+CENTRINGS = ("none", "group", "output")
 """Which steps a step reward is normalised with: every step of its group, or the group's steps at its index."""
 
 
@@ -352,6 +353,46 @@ def loss_tokens(advantages: Tensor, lengths: Sequence[int], width: int | None = 
     positions = torch.arange(advantages.shape[1]).unsqueeze(0)  # (1, T)
     mask = positions < torch.tensor([int(n) for n in lengths]).unsqueeze(1)  # (B, T)
     return advantages.detach().cpu().double()[mask]  # (tokens,)
+
+
+def centred_advantages(advantages: Tensor, lengths: Sequence[int], group_size: int, over: str = "group") -> Tensor:
+    """Process advantages with their per-token mean removed, over the tokens in the loss: each group's (`over`
+    "group": the G completions of one prompt together) or each completion's ("output"); "none" leaves them.
+
+    DeepSeekMath's process advantages do not sum to zero over a group's tokens, as outcome advantages do: with
+    sum credit a rare wrong step normalises to a large negative value that every earlier token of its output
+    carries, so the update pushes the sampled tokens down as a whole (REFERENCE, "The mean of process
+    advantages"). Centring keeps each token's credit relative to its group's (or its output's) and removes the
+    push. Tokens outside the loss stay 0.
+
+        A'[i, t] = A[i, t] - mean of A over the loss tokens of i's group (or of i)
+
+    Worked example (the group of 8 with two slips, one token a step, sum credit): the right outputs' tokens
+    0.885, 0.590, 0.295 and the flawed ones' -2.656, -2.951, -3.246 have the mean -0.295; centred over the group
+    1.180, 0.885, 0.590 and -2.361, -2.656, -2.951. Per output, each output's own mean goes: [0.295, 0, -0.295]
+    for all eight.
+
+    Args:
+        advantages: (B, T) per-token advantages.
+        lengths: B token counts in the loss (0: masked out).
+        group_size: G; B must be a multiple of it.
+        over: "group", "output" or "none".
+
+    Returns:
+        (B, T) float32.
+    """
+    if over not in CENTRINGS:
+        raise ValueError(f"centring must be one of {CENTRINGS}, got {over!r}")
+    _check_group_size(advantages.shape[0], group_size)
+    if over == "none":
+        return advantages
+    adv = advantages.double()  # (B, T)
+    mask = (torch.arange(adv.shape[1]).unsqueeze(0) < torch.tensor([int(n) for n in lengths]).unsqueeze(1))  # (B, T)
+    size = 1 if over == "output" else group_size
+    sums = (adv * mask).view(-1, size, adv.shape[1]).sum(dim=(1, 2))  # (B / size,)
+    counts = mask.view(-1, size, adv.shape[1]).sum(dim=(1, 2)).clamp(min=1)  # (B / size,)
+    means = (sums / counts).repeat_interleave(size).unsqueeze(1)  # (B, 1)
+    return torch.where(mask, adv - means, torch.zeros_like(adv)).to(torch.float32)  # (B, T)
 
 
 def _check_hybrid_inputs(outcome: Tensor, process: Tensor, weight: float) -> None:

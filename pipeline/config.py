@@ -138,6 +138,10 @@ class SupervisionConfig(Section):
     process_baseline: Literal["group", "position"] = Field("group", description=(
         "Process and hybrid mode: a step's PRM reward is normalised with every step of its group (DeepSeekMath "
         "§4.1.3) or with the group's steps at the same index only, so a PRM's prior over positions cancels."))
+    process_centring: Literal["none", "group", "output"] = Field("none", description=(
+        "Process and hybrid mode: remove the process advantages' per-token mean over each group's tokens (group) "
+        "or each completion's (output), so the process term no longer pushes every sampled token one way "
+        "(DeepSeekMath's are not centred: REFERENCE, 'The mean of process advantages'); none: as DeepSeekMath."))
     process_reward_model: str = Field("prm", description=(
         "Process and hybrid mode: the RM kind (of reward_model.kinds) whose step scores are the step rewards; "
         "a kind that scores steps (pipeline/rm_kinds)."))
@@ -184,7 +188,8 @@ class SupervisionConfig(Section):
         # A knob the mode never reads would look as if it did something: refuse it (values, not fields set,
         # so a stored config with every default written out still loads).
         readers = {name: [m for m, spec in MODES.items() if name in spec.reads]
-                   for name in ("process_weight", "process_credit", "process_baseline", "process_reward_model")}
+                   for name in ("process_weight", "process_credit", "process_baseline", "process_centring",
+                                "process_reward_model")}
         for name, modes in readers.items():
             if getattr(self, name) != type(self).model_fields[name].default and self.mode not in modes:
                 raise ValueError(f"{name} {getattr(self, name)!r} is only used in {' and '.join(modes)} mode, not in "

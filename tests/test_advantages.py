@@ -438,3 +438,49 @@ def test_process_single_step_group_has_std_zero():
 def test_process_bad_input(rewards, ends, length, group_size, match):
     with pytest.raises(ValueError, match=match):
         process_advantages(rewards, ends, length, group_size)
+
+
+def _centred_loop(adv, lengths, group_size, over):
+    """Plain-loop reference of `centred_advantages`."""
+    out = [[0.0] * adv.shape[1] for _ in range(adv.shape[0])]
+    size = 1 if over == "output" else group_size
+    for g in range(0, adv.shape[0], size):
+        cells = [(i, t) for i in range(g, g + size) for t in range(lengths[i])]
+        mean = sum(adv[i, t].item() for i, t in cells) / max(len(cells), 1)
+        for i, t in cells:
+            out[i][t] = adv[i, t].item() - mean
+    return torch.tensor(out)
+
+
+def test_centred_process_advantages_worked_example_and_loop_reference():
+    from pipeline.advantages import centred_advantages
+
+    # The group of 8 with two slips (REFERENCE.md): per-token mean -0.295, removed.
+    rewards = [[1.0, 1.0, 1.0]] * 6 + [[1.0, 1.0, 0.0]] * 2
+    adv = process_advantages(rewards, [[0, 1, 2]] * 8, 3, 8)  # (8, 3)
+    group = centred_advantages(adv, [3] * 8, 8, "group")
+    assert group[0].tolist() == pytest.approx([1.180, 0.885, 0.590], abs=1e-3)
+    assert group[7].tolist() == pytest.approx([-2.361, -2.656, -2.951], abs=1e-3)
+    assert advantage_stats(group, [3] * 8)["mean"] == pytest.approx(0.0, abs=1e-6)
+    output = centred_advantages(adv, [3] * 8, 8, "output")
+    assert all(row == pytest.approx([0.295, 0.0, -0.295], abs=1e-3) for row in output.tolist())
+    assert torch.equal(centred_advantages(adv, [3] * 8, 8, "none"), adv)
+    # Random groups, ragged and masked lengths: the loop, and 0 outside the loss.
+    g = torch.Generator().manual_seed(0)
+    adv = torch.randn(8, 6, generator=g)
+    lengths = [6, 2, 0, 5, 1, 6, 3, 4]
+    for over in ("group", "output"):
+        fast = centred_advantages(adv, lengths, 4, over)
+        assert torch.allclose(fast, _centred_loop(adv, lengths, 4, over), atol=1e-6)
+        assert fast[2].abs().sum() == 0 and fast[1, 2:].abs().sum() == 0
+    with pytest.raises(ValueError, match="centring must be one of"):
+        centred_advantages(adv, lengths, 4, "token")
+
+
+def test_process_centring_is_refused_where_no_process_advantage_is_made():
+    from pipeline.config import ConfigError
+    from pipeline.loading import config_from_dict
+
+    assert config_from_dict({"supervision": {"mode": "hybrid", "process_centring": "group"}}, check_trl=False)
+    with pytest.raises(ConfigError, match="process_centring 'output' is only used in process and hybrid mode"):
+        config_from_dict({"supervision": {"mode": "outcome", "process_centring": "output"}}, check_trl=False)

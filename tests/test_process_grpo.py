@@ -269,6 +269,7 @@ def hybrid_runs(tmp_path_factory):
                 ("min", "hybrid", "batch", {"process_credit": "min", "process_weight": 0.5}),
                 ("w0", "hybrid", None, {"process_weight": 0.0}),
                 ("position", "process", None, {"process_baseline": "position"}),
+                ("centred", "process", None, {"process_centring": "group"}),
                 ("outcome", "outcome", None, {}))}
     rewards = [float("72" in tok.decode(r, skip_special_tokens=True)) for r in rows]  # [1, 0, 0, 0, 1, 1, 1, 0]
     return {**runs, "tok": tok, "rows": rows, "prm": prm, "rewards": rewards}
@@ -299,6 +300,22 @@ def test_process_position_baseline_normalises_each_step_with_the_groups_steps_at
     pooled = reference_advantages(tok, hybrid_runs["prm"], rows, "group")
     assert run["advantages"].tolist() == [pytest.approx(w, abs=1e-5) for w in want]
     assert max(abs(a - b) for w, p in zip(want, pooled) for a, b in zip(w, p)) > 0.1
+
+
+def test_process_centring_reaches_the_trainer(hybrid_runs):
+    """`supervision.process_centring: group`: the plain loop's DeepSeekMath advantages with each group's mean over
+    its tokens in the loss removed; the masked completion stays 0, and each group's loss tokens sum to zero."""
+    run, tok, rows = hybrid_runs["centred"], hybrid_runs["tok"], hybrid_runs["rows"]
+    pooled = reference_advantages(tok, hybrid_runs["prm"], rows, "group")
+    lengths = [int(n) for n in run["mask"].sum(1).tolist()]
+    want = []
+    for i, row in enumerate(pooled):
+        group = range(4 * (i // 4), 4 * (i // 4) + 4)
+        cells = [pooled[k][t] for k in group for t in range(lengths[k])]
+        want.append([a - sum(cells) / len(cells) if t < lengths[i] else 0.0 for t, a in enumerate(row)])
+    assert run["advantages"].tolist() == [pytest.approx(w, abs=1e-5) for w in want]
+    for g in (0, 4):
+        assert sum(run["advantages"][k, :lengths[k]].sum().item() for k in range(g, g + 4)) == pytest.approx(0, abs=1e-4)
 
 
 def test_hybrid_logs_its_advantages_and_the_prm_share_of_their_variance(hybrid_runs):
