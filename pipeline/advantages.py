@@ -27,7 +27,7 @@ STD_EPS = 1e-4
 """Added to the std before dividing (TRL's constant), so equal rewards give 0, not NaN."""
 
 SCALES = ("group", "batch", "none")
-CREDITS = ("sum", "min")
+CREDITS = ("sum", "min", "step")
 """How a token's process advantage gathers the normalised rewards of the steps ending at or after it."""
 BASELINES = ("group", "position")
 CENTRINGS = ("none", "group", "output")
@@ -244,7 +244,8 @@ def process_advantages(
         length: T, the padded completion length of the batch.
         group_size: G, completions per prompt; B must be a multiple of it.
         scale: "group" (default), "batch" or "none".
-        credit: "sum" (default, DeepSeekMath) or "min" (PURE).
+        credit: "sum" (default, DeepSeekMath), "min" (PURE), or "step" (a token gets its own step's normalised
+            reward only).
         baseline: "group" (default, DeepSeekMath: every step of the group) or "position".
 
     Returns:
@@ -265,19 +266,94 @@ def process_advantages(
     batch_size = len(step_rewards)
     completion, end, normalised = _normalised_steps(step_rewards, step_ends, group_size, scale, baseline)  # (S,) each
 
-    # Put each normalised reward at its step's last token, then a reverse cumulative sum (min) along T
-    # gives every token the sum (min) over the steps ending at or after it, and 0 after the last step end.
+    return _credited(completion, end, normalised, batch_size, length, credit)
+
+
+def _credited(completion: Tensor, end: Tensor, value: Tensor, batch_size: int, length: int, credit: str) -> Tensor:
+    """(B, T) token advantages from step values, (S,) each with its completion and end token: each token gets the
+    sum (`credit` "sum"), the minimum ("min") of the values of the steps ending at or after it, or the value of
+    its own step, the first ending at or after it ("step"); 0 after the last step end."""
+    # Put each value at its step's last token; a reverse cumulative sum (min, fill) along T then gives each token
+    # the sum (min, nearest) over the steps ending at or after it. Ends are unique within a row: no accumulation.
     if credit == "sum":
         at_ends = torch.zeros(batch_size, length, dtype=torch.float64)  # (B, T)
-        at_ends[completion, end] = normalised  # ends are unique within a row, so no accumulation is needed
+        at_ends[completion, end] = value
         advantages = at_ends.flip(1).cumsum(1).flip(1)  # (B, T)
-    else:
-        # min: +inf elsewhere is neutral for a reverse cumulative min; what stays +inf has no step ahead: 0.
+    elif credit == "min":
+        # +inf elsewhere is neutral for a reverse cumulative min; what stays +inf has no step ahead: 0.
         at_ends = torch.full((batch_size, length), math.inf, dtype=torch.float64)  # (B, T)
-        at_ends[completion, end] = normalised
+        at_ends[completion, end] = value
         advantages = at_ends.flip(1).cummin(1).values.flip(1)  # (B, T)
         advantages = torch.where(torch.isinf(advantages), torch.zeros_like(advantages), advantages)
+    else:
+        # step: the index of the nearest step end at or after each token, by a cumulative max over the flipped row
+        # of the positions that hold an end (-1 elsewhere); -1 left means no step ahead: 0.
+        at_ends = torch.zeros(batch_size, length, dtype=torch.float64)  # (B, T)
+        at_ends[completion, end] = value
+        has = torch.zeros(batch_size, length, dtype=torch.bool)  # (B, T)
+        has[completion, end] = True
+        positions = torch.arange(length).expand(batch_size, -1)  # (B, T) in the flipped row's order
+        nearest = torch.where(has.flip(1), positions, torch.full_like(positions, -1)).cummax(1).values  # (B, T)
+        filled = at_ends.flip(1).gather(1, nearest.clamp(min=0))  # (B, T)
+        advantages = torch.where(nearest >= 0, filled, torch.zeros_like(filled)).flip(1)  # (B, T)
     return advantages.to(torch.float32)  # (B, T)
+
+
+def group_means(values: Sequence[float], group_size: int) -> list[float]:
+    """Each completion's group's mean of `values` (B of them, G consecutive ones a group).
+
+    >>> group_means([1.0, 0.0, 1.0, 1.0], 2)
+    [0.5, 0.5, 1.0, 1.0]
+    """
+    _check_group_size(len(values), group_size)
+    means = [sum(values[g : g + group_size]) / group_size for g in range(0, len(values), group_size)]
+    return [m for m in means for _ in range(group_size)]
+
+
+def progress_advantages(
+    step_values: Sequence[Sequence[float]],
+    step_ends: Sequence[Sequence[int]],
+    length: int,
+    start_values: Sequence[float],
+    credit: str = "step",
+) -> Tensor:
+    """Per-token advantages from the progress each step makes (PAV, Setlur et al., arXiv 2410.08146).
+
+    Step k of completion i is credited with its progress, the change in the value (the probability of reaching
+    the right answer) it makes: d[i][k] = V[i][k] - V[i][k-1], with V[i][0] = `start_values[i]` (for GRPO the
+    group's mean verifier reward, `group_means`: a Monte-Carlo estimate of V(q) under the policy that sampled the
+    group). Progress is already a difference against the prompt's value, so it is not normalised again. Token t
+    gets its own step's progress (`credit` "step"), or the sum ("sum": it telescopes to V[i][K] - V[i][k(t)-1])
+    or the minimum ("min") of the progress of the steps ending at or after it; 0 after the last step end.
+
+    Worked example (REFERENCE, "Progress credit": oracle values, a group of 2): output 1's steps right, right,
+    right (V = 1, 1, 1), output 2's right, wrong, wrong (V = 1, 0, 0), verifier rewards [1, 0] so V_0 = 0.5.
+    Progress: output 1 [0.5, 0, 0]; output 2 [0.5, -1, 0]. With TRL's outcome advantages [0.707, -0.707] and
+    w = 1 (hybrid), output 2's step 1 gets -0.207 (the right step is penalised least), step 2 -1.707 (the
+    error, most), step 3 -0.707.
+
+    Args:
+        step_values: B lists; V[i][k] after step k (a PRM's score at its end, a gold label, an MC estimate).
+        step_ends: B lists, as `process_advantages`'.
+        length: T, the padded completion length of the batch.
+        start_values: B values before the first step.
+        credit: "step" (default), "sum" or "min".
+
+    Returns:
+        (B, T) float32 advantages.
+    """
+    if credit not in CREDITS:
+        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+    if len(start_values) != len(step_values):
+        raise ValueError(f"start_values has {len(start_values)} entries for {len(step_values)} completions")
+    _validate_process_inputs(step_values, step_ends, length, 1)
+    progress = [[v - prev for prev, v in zip([v0, *values[:-1]], values)]
+                for v0, values in zip(start_values, step_values)]
+    counts = torch.tensor([len(p) for p in progress], dtype=torch.long)  # (B,)
+    completion = torch.repeat_interleave(torch.arange(len(progress)), counts)  # (S,)
+    end = torch.tensor([int(e) for es in step_ends for e in es], dtype=torch.long)  # (S,)
+    value = torch.tensor([d for p in progress for d in p], dtype=torch.float64)  # (S,)
+    return _credited(completion, end, value, len(progress), length, credit)
 
 
 def extend_last_step(step_ends: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:

@@ -132,9 +132,13 @@ class SupervisionConfig(Section):
     process_weight: float = Field(1.0, ge=0, allow_inf_nan=False, description=(
         "Hybrid mode: w in A = A_outcome + w * A_process (0: outcome mode's advantages); logged: "
         "hybrid/process_variance_share."))
-    process_credit: Literal["sum", "min"] = Field("sum", description=(
+    process_credit: Literal["sum", "min", "step"] = Field("sum", description=(
         "Process and hybrid mode: a token's process advantage is the sum (DeepSeekMath §4.1.3) or the min "
-        "(PURE, arXiv 2504.15275) of the normalised rewards of the steps ending at or after it."))
+        "(PURE, arXiv 2504.15275) of the step rewards of the steps ending at or after it, or its own step's (step)."))
+    process_reward: Literal["value", "progress"] = Field("value", description=(
+        "Process and hybrid mode: a step's reward is the step scorer's value (Math-Shepherd's Q, normalised over the "
+        "group: DeepSeekMath), or its progress (PAV, arXiv 2410.08146): the change of that value over the step, "
+        "from the group's mean verifier reward before the first step, not normalised again."))
     process_baseline: Literal["group", "position"] = Field("group", description=(
         "Process and hybrid mode: a step's PRM reward is normalised with every step of its group (DeepSeekMath "
         "§4.1.3) or with the group's steps at the same index only, so a PRM's prior over positions cancels."))
@@ -184,12 +188,19 @@ class SupervisionConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _progress_is_not_normalised(self):
+        if self.process_reward == "progress" and self.process_baseline != "group":
+            raise ValueError(f"process_baseline {self.process_baseline!r} normalises step values, and progress "
+                             "(process_reward: progress) is not normalised: drop process_baseline")
+        return self
+
+    @model_validator(mode="after")
     def _process_fields_used(self):
         # A knob the mode never reads would look as if it did something: refuse it (values, not fields set,
         # so a stored config with every default written out still loads).
         readers = {name: [m for m, spec in MODES.items() if name in spec.reads]
                    for name in ("process_weight", "process_credit", "process_baseline", "process_centring",
-                                "process_reward_model")}
+                                "process_reward", "process_reward_model")}
         for name, modes in readers.items():
             if getattr(self, name) != type(self).model_fields[name].default and self.mode not in modes:
                 raise ValueError(f"{name} {getattr(self, name)!r} is only used in {' and '.join(modes)} mode, not in "

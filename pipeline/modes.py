@@ -93,7 +93,7 @@ def _verifier_only(supervision) -> None:
                          "supervision.rewards (or use mode: outcome to mix them in)")
 
 
-_STEP_FIELDS = ("process_credit", "process_baseline", "process_centring", "process_reward_model")
+_STEP_FIELDS = ("process_credit", "process_baseline", "process_centring", "process_reward", "process_reward_model")
 
 MODES: dict[str, SupervisionMode] = {
     "outcome": SupervisionMode(

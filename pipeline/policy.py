@@ -25,7 +25,14 @@ from trl import GRPOTrainer
 
 from models import save_model
 from models.factories import kind_name, load_tokenizer, lora_config
-from pipeline.advantages import advantage_stats, centred_advantages, extend_last_step, process_advantages
+from pipeline.advantages import (
+    advantage_stats,
+    centred_advantages,
+    extend_last_step,
+    group_means,
+    process_advantages,
+    progress_advantages,
+)
 from pipeline.config import PipelineConfig, SupervisionConfig
 from pipeline.modes import AdvantageInputs, supervision_mode
 from pipeline.passthrough import grpo_config
@@ -132,17 +139,17 @@ class ProcessGRPOTrainer(GRPOTrainer):
         prm_scorer: scores each step of `prompt + completion` (required in a mode with step rewards).
         supervision: the `supervision:` config section (its mode, credit, baseline and weight), or a mode's name
             with the settings below.
-        process_credit, process_weight, process_baseline, process_centring: with a mode's name, as
-            `supervision.*`.
+        process_credit, process_weight, process_baseline, process_centring, process_reward: with a mode's name,
+            as `supervision.*`.
     """
 
     def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str | SupervisionConfig = "outcome",
                  process_credit: str = "sum", process_weight: float = 1.0, process_baseline: str = "group",
-                 process_centring: str = "none", **kwargs):
+                 process_centring: str = "none", process_reward: str = "value", **kwargs):
         if isinstance(supervision, str):
             supervision = SupervisionConfig.model_construct(
                 mode=supervision, process_credit=process_credit, process_weight=process_weight,
-                process_baseline=process_baseline, process_centring=process_centring)
+                process_baseline=process_baseline, process_centring=process_centring, process_reward=process_reward)
         self.mode = supervision_mode(supervision.mode)
         if self.mode.step_rewards and prm_scorer is None:
             raise ValueError(f"{supervision.mode} supervision needs a PRM (prm_scorer)")
@@ -191,8 +198,13 @@ class ProcessGRPOTrainer(GRPOTrainer):
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         width = max([ids.shape[1], *all_lengths])
         ends = extend_last_step(all_ends, all_lengths)  # the eos carries the last step's reward
-        adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards,
-                                 self.supervision.process_credit, self.supervision.process_baseline)
+        s = self.supervision
+        if s.process_reward == "progress":  # V_0: the group's mean verifier reward (reward column 0)
+            start = group_means(self._last_rewards[:, 0].tolist(), group_size)
+            adv = progress_advantages(all_scores, ends, width, start, s.process_credit)
+        else:
+            adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards, s.process_credit,
+                                     s.process_baseline)
         adv = centred_advantages(adv, all_lengths, group_size, self.supervision.process_centring)
         mode = "train" if self.model.training else "eval"
         for key, value in process_metrics(all_scores, group_size).items():

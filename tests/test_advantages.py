@@ -484,3 +484,72 @@ def test_process_centring_is_refused_where_no_process_advantage_is_made():
     assert config_from_dict({"supervision": {"mode": "hybrid", "process_centring": "group"}}, check_trl=False)
     with pytest.raises(ConfigError, match="process_centring 'output' is only used in process and hybrid mode"):
         config_from_dict({"supervision": {"mode": "outcome", "process_centring": "output"}}, check_trl=False)
+
+
+def _credit_loop(values, ends, length, credit):
+    """Plain-loop reference of a credit rule over one completion's step values."""
+    out = []
+    for t in range(length):
+        ahead = [v for v, e in zip(values, ends) if e >= t]
+        if not ahead:
+            out.append(0.0)
+        else:
+            out.append({"sum": sum(ahead), "min": min(ahead), "step": ahead[0]}[credit])
+    return out
+
+
+def test_progress_credit_worked_example():
+    from pipeline.advantages import group_means, hybrid_advantages, outcome_advantages, progress_advantages
+
+    # REFERENCE.md, "Progress credit": oracle values, a group of 2; output 1 right, right, right, output 2 right,
+    # wrong, wrong; verifier rewards [1, 0], so V_0 = 0.5 for both. One token a step.
+    start = group_means([1.0, 0.0], 2)
+    assert start == [0.5, 0.5]
+    progress = progress_advantages([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], [[0, 1, 2]] * 2, 3, start, "step")
+    assert progress.tolist() == [[0.5, 0.0, 0.0], [0.5, -1.0, 0.0]]
+    outcome = outcome_advantages(torch.tensor([1.0, 0.0]), 2)  # TRL's: [0.707, -0.707]
+    hybrid = hybrid_advantages(outcome, progress, 1.0)
+    assert hybrid[0].tolist() == pytest.approx([1.207, 0.707, 0.707], abs=1e-3)
+    assert hybrid[1].tolist() == pytest.approx([-0.207, -1.707, -0.707], abs=1e-3)  # the error is penalised most
+    # Sum credit telescopes: a token gets V_K - V_(k(t)-1); min, the worst progress ahead.
+    total = progress_advantages([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], [[0, 1, 2]] * 2, 3, start, "sum")
+    assert total.tolist() == [[0.5, 0.0, 0.0], [-0.5, -1.0, 0.0]]
+    worst = progress_advantages([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], [[0, 1, 2]] * 2, 3, start, "min")
+    assert worst.tolist() == [[0.0, 0.0, 0.0], [-1.0, -1.0, 0.0]]
+
+
+@pytest.mark.parametrize("credit", ["sum", "min", "step"])
+def test_progress_and_step_credit_against_the_plain_loop(credit):
+    from pipeline.advantages import progress_advantages
+
+    g = torch.Generator().manual_seed(1)
+    values = [[torch.rand(1, generator=g).item() for _ in range(n)] for n in (3, 1, 0, 2)]
+    ends = [[1, 4, 6], [2], [], [0, 7]]
+    start = [0.25, 0.5, 0.5, 0.75]
+    fast = progress_advantages(values, ends, 9, start, credit)
+    for i, (v, e) in enumerate(zip(values, ends)):
+        progress = [b - a for a, b in zip([start[i], *v[:-1]], v)]
+        assert fast[i].tolist() == pytest.approx(_credit_loop(progress, e, 9, credit), abs=1e-6)
+    # Step credit with DeepSeekMath's normalised values: each token its own step's normalised reward.
+    rewards = [[0.5, 1.0, 1.0, 1.0], [0.5, 0.0], [1.0]]
+    step = process_advantages(rewards, [[0, 1, 2, 3], [0, 1], [0]], 4, 3, credit="step")
+    summed = process_advantages(rewards, [[0, 1, 2, 3], [0, 1], [0]], 4, 3, credit="sum")
+    # One token a step: a token's own step is the difference of the sums at it and after it.
+    for i in range(3):
+        own = [summed[i, t].item() - (summed[i, t + 1].item() if t + 1 < 4 else 0.0) for t in range(4)]
+        assert step[i].tolist() == pytest.approx(own, abs=1e-5)
+    assert step[0].tolist() == pytest.approx([-0.545, 0.726, 0.726, 0.726], abs=1e-3)  # REFERENCE's normalised
+
+
+def test_progress_credit_config_where_it_applies():
+    from pipeline.config import ConfigError
+    from pipeline.loading import config_from_dict
+
+    cfg = config_from_dict({"supervision": {"mode": "hybrid", "process_reward": "progress", "process_credit": "step"},
+                            "reward_model": {"oracle": "gold"}}, check_trl=False)
+    assert (cfg.supervision.process_reward, cfg.supervision.process_credit) == ("progress", "step")
+    with pytest.raises(ConfigError, match="process_reward 'progress' is only used in process and hybrid mode"):
+        config_from_dict({"supervision": {"mode": "outcome", "process_reward": "progress"}}, check_trl=False)
+    with pytest.raises(ConfigError, match="progress .* is not normalised: drop process_baseline"):
+        config_from_dict({"supervision": {"process_reward": "progress", "process_baseline": "position"}},
+                         check_trl=False)

@@ -270,6 +270,7 @@ def hybrid_runs(tmp_path_factory):
                 ("w0", "hybrid", None, {"process_weight": 0.0}),
                 ("position", "process", None, {"process_baseline": "position"}),
                 ("centred", "process", None, {"process_centring": "group"}),
+                ("progress", "hybrid", None, {"process_reward": "progress", "process_credit": "step"}),
                 ("outcome", "outcome", None, {}))}
     rewards = [float("72" in tok.decode(r, skip_special_tokens=True)) for r in rows]  # [1, 0, 0, 0, 1, 1, 1, 0]
     return {**runs, "tok": tok, "rows": rows, "prm": prm, "rewards": rewards}
@@ -316,6 +317,28 @@ def test_process_centring_reaches_the_trainer(hybrid_runs):
     assert run["advantages"].tolist() == [pytest.approx(w, abs=1e-5) for w in want]
     for g in (0, 4):
         assert sum(run["advantages"][k, :lengths[k]].sum().item() for k in range(g, g + 4)) == pytest.approx(0, abs=1e-4)
+
+
+def test_progress_credit_reaches_the_trainer(hybrid_runs):
+    """`process_reward: progress` with step credit in hybrid mode: TRL's outcome advantage plus, on each token, its
+    own step's progress, the PRM's score at the step's end minus the one before it (the group's mean verifier
+    reward before the first step), by plain loops; the masked completion gets its outcome advantage alone."""
+    run, tok, rows, rewards = hybrid_runs["progress"], hybrid_runs["tok"], hybrid_runs["rows"], hybrid_runs["rewards"]
+    outcome = reference_outcome(rewards, "group")
+    prompts = [PROMPT] * 4 + [PROMPT_B] * 4
+    width = run["advantages"].shape[1]
+    want = []
+    for i, (prompt, row) in enumerate(zip(prompts, rows)):
+        steps = reference_steps(tok, hybrid_runs["prm"], prompt, row) if row[-1] == tok.eos_token_id else []
+        before = statistics.fmean(rewards[4 * (i // 4) : 4 * (i // 4) + 4])
+        progress, ends = [], []
+        for end, value in steps:
+            progress.append(value - before)
+            ends.append(end)
+            before = value
+        own = [next((d for d, e in zip(progress, ends) if e >= t), 0.0) for t in range(width)]
+        want.append([outcome[i] + d for d in own])
+    assert run["advantages"].tolist() == [pytest.approx(w, abs=1e-5) for w in want]
 
 
 def test_hybrid_logs_its_advantages_and_the_prm_share_of_their_variance(hybrid_runs):
