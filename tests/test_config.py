@@ -148,7 +148,7 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"supervision": {"mode": "hybrid", "rewards": {"verifier": 0.0}}}, "supervision: hybrid mode needs a weight above 0"),
         ({"supervision": {"mode": "hybrid", "process_weight": -0.5}}, "supervision.process_weight: Input should be greater than or equal to 0"),
         ({"supervision": {"mode": "hybrid", "process_weight": float("inf")}}, "supervision.process_weight: Input should be a finite number"),
-        ({"supervision": {"process_credit": "max"}}, "supervision.process_credit: Input should be 'sum' or 'min'"),
+        ({"supervision": {"process_credit": "max"}}, "supervision.process_credit: Input should be 'sum', 'min' or 'step'"),
         # a knob the mode ignores: refused, naming it
         ({"supervision": {"mode": "outcome", "process_weight": 0.5}},
          "supervision: process_weight 0.5 is only used in hybrid mode, not in outcome mode: remove it, or set mode: hybrid"),
