@@ -1,7 +1,7 @@
 """The collection phase: sample the fresh policy, label outcomes with the verifier, label steps by Monte Carlo.
 
 Math-Shepherd (arXiv 2312.08935 §3.3): from the prefix ending at step i, the completer (the current
-policy) writes N completions; hard estimation (HE) is 1 if any reaches the gold answer, soft estimation
+policy, or round 0's with `collect.prover: round0`: PAV's prover) writes N completions; hard estimation (HE) is 1 if any reaches the gold answer, soft estimation
 (SE) the fraction that do. A prefix that already states a final answer needs no rollouts: the verifier
 labels it. Strategy `first_error` (OmegaPRM's idea) binary-searches the first step whose prefix can no
 longer reach the gold answer, assuming reachability is monotone, with about log2(K) probed prefixes; the
@@ -16,6 +16,7 @@ spaces, a character split over byte tokens, a merge across the cut).
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -197,11 +198,14 @@ def run_collection_phase(
     run_dir = Path(run_dir)
     seed = cfg.run.seed * 1000 + round_index
     stats = {"rollout_seconds": 0.0, "rollout_tokens": 0, "rollouts": 0}
-    with open_sampler(str(policy_path), c) as sample:
+    prover = RunDir(run_dir).policy(0) if c.prover == "round0" else policy_path  # who writes the MC rollouts
+    with contextlib.ExitStack() as models:
+        sample = models.enter_context(open_sampler(str(policy_path), c))
+        prove = sample if str(prover) == str(policy_path) else models.enter_context(open_sampler(str(prover), c))
 
         def completer(prefixes: list[Continuation], n: int) -> list[list[str]]:
             stats["calls"] = stats.get("calls", 0) + 1
-            out = sample(prefixes, n, seed=seed + 17 * stats["calls"], desc="MC rollouts")
+            out = prove(prefixes, n, seed=seed + 17 * stats["calls"], desc="MC rollouts")
             stats["rollout_seconds"] += out.seconds
             stats["rollout_tokens"] += out.total_tokens
             stats["rollouts"] += len(prefixes) * n

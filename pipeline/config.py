@@ -225,6 +225,10 @@ class CollectConfig(SamplingConfig):
     prompts_per_round: int = Field(32, ge=1, description="M: training prompts sampled each round.")
     samples_per_prompt: int = Field(4, ge=1, description="G: completions per prompt.")
     rollouts_per_step: int = Field(4, ge=1, description="N: MC completions from each step prefix.")
+    prover: Literal["policy", "round0"] = Field("policy", description=(
+        "The MC completer whose success from each step prefix labels the steps (PAV's prover): the round's "
+        "policy (Math-Shepherd), or round 0's policy, fixed across rounds (it shares the policy's tokenizer). "
+        "reward_model.target hard estimates Best-of-N of it, soft its own success rate."))
     strategy: Literal["exhaustive", "first_error"] = Field("exhaustive", description=(
         "Which prefixes get rollouts: every one, or those a binary search for the first error probes "
         "(first_error); the others' labels are then imputed, SE = HE (hard labels even for reward_model.target: "

@@ -336,3 +336,38 @@ def test_draw_prompts_is_reproducible_and_ignores_later_shards(tmp_path):
     assert [p.id for p in draw_prompts(ARITH, tmp_path, 1, 4, seed=7)] == [p.id for p in first]
     # Another seed draws another order.
     assert [p.id for p in draw_prompts(ARITH, tmp_path, 1, 4, seed=8)] != [p.id for p in first]
+
+
+@pytest.mark.slow  # two real collections
+@pytest.mark.parametrize("prover", ["policy", "round0"])
+def test_the_mc_rollouts_come_from_the_chosen_prover(tmp_path, tiny_policy_dir, monkeypatch, prover):
+    # `collect.prover: round0`: the samples are the round's policy's, the step labels' rollouts round 0's policy's
+    # (PAV's prover, fixed across rounds); the default is Math-Shepherd's, the policy itself.
+    import contextlib
+    import shutil
+
+    from pipeline import fanout
+    from pipeline.collect import run_collection_phase
+    from pipeline.loading import config_from_dict
+    from pipeline.problems import problem_set_from_config
+    from pipeline.rundir import RunDir
+    from tests.conftest import mini_config
+
+    cfg = config_from_dict(mini_config(tmp_path, collect={"prover": prover}), check_trl=False)
+    run = RunDir(cfg.run_dir)
+    shutil.copytree(tiny_policy_dir, run.policy(0))
+    shutil.copytree(tiny_policy_dir, run.policy(1))
+    calls, real = [], fanout.open_sampler
+
+    @contextlib.contextmanager
+    def recording(path, c):
+        with real(path, c) as sample:
+            yield lambda prompts, n, **kw: calls.append((path, kw.get("desc"))) or sample(prompts, n, **kw)
+
+    monkeypatch.setattr(fanout, "open_sampler", recording)
+    res = run_collection_phase(cfg, problem_set_from_config(cfg), run.policy(1), cfg.run_dir, 1)
+    assert res.metrics["collect/samples"] > 0
+    samples = {p for p, desc in calls if desc == "samples"}
+    rollouts = {p for p, desc in calls if desc == "MC rollouts"}
+    assert samples == {str(run.policy(1))}
+    assert rollouts == {str(run.policy(0) if prover == "round0" else run.policy(1))}
