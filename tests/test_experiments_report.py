@@ -4,7 +4,7 @@ section from constructed run directories."""
 import os
 from pathlib import Path
 
-from tests._harness import load_bench
+from tests.helpers import load_bench
 
 
 def load_experiments():
