@@ -1,9 +1,11 @@
-"""Shared fixtures: the model size table, one saved tiny policy (and RMs on it) per session, one Prefect test
-harness per session, a temp MLflow per test, a mini run config."""
+"""Shared fixtures: one saved tiny policy (and RMs on it) per session, one Prefect test harness per session, one
+finished mini run per session, a temp MLflow per test. Plain functions and constants: tests/helpers.py."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -12,37 +14,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-# Every model size of the suite, in one place: a test's cost is mostly its model's size.
-SIZES = {
-    # Untrained, for shapes, scores, checkpoints, sampling and one-step trainings: the smallest with every part.
-    "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 96},
-    # mini_config's policy, which a 2-round run bootstraps by SFT; also the 2-process step of test_launcher.py.
-    "mini": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128, "max_position_embeddings": 96},
-    # The quickstart's width and depth: the trained policy whose accuracy test_training.py asserts.
-    "trained": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 384,
-                "max_position_embeddings": 96},
-}
-
-
-def mini_config(tmp_path, **sections) -> dict:
-    """A run config small enough for a full 2-round flow in about a minute on 2 cores."""
-    cfg = {
-        "run": {"name": "mini", "runs_dir": str(tmp_path / "runs"), "rounds": 2, "seed": 0},
-        "policy": {"tiny": dict(SIZES["mini"])},
-        "problems": {"arithmetic": {"num_train": 400, "num_test": 20, "min_steps": 2, "max_steps": 2}},
-        "bootstrap": {"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 2, "per_device_train_batch_size": 32}},
-        "supervision": {"mode": "process", "prompts_per_round": 16},
-        "grpo": {"learning_rate": 1e-5, "num_generations": 4, "per_device_train_batch_size": 8, "max_steps": 2,
-                 "max_completion_length": 32, "logging_steps": 1},
-        "collect": {"prompts_per_round": 6, "samples_per_prompt": 2, "rollouts_per_step": 2, "max_new_tokens": 32},
-        "reward_model": {"kinds": ["prm", "orm"], "holdout_fraction": 0.34,
-                         "train_args": {"learning_rate": 1e-3, "num_train_epochs": 1, "per_device_train_batch_size": 8}},
-        "eval": {"num_problems": 8, "samples_per_problem": 4, "max_new_tokens": 32, "best_of_n": [2, 4]},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "mini"},
-    }
-    for section, values in sections.items():
-        cfg.setdefault(section, {}).update(values)
-    return cfg
+from tests.helpers import SIZES, igrpo, mini_config  # noqa: E402  (after the environment above, as every import of the suite)
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +79,40 @@ def prefect_harness(tmp_path_factory):
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+class FinishedRun(NamedTuple):
+    cfg: object  # its PipelineConfig (mini_config, 2 rounds)
+    output: str  # what `igrpo run` printed, stdout and stderr together
+    root: Path  # the directory it ran in: mini.yaml, runs/mini/, mlflow.db, mlruns/
+
+
+@pytest.fixture(scope="session")
+def mini_run(tmp_path_factory) -> FinishedRun:
+    """A finished 2-round run of mini_config, made once per session by `igrpo run` in a subprocess, as a user runs it
+    (a fresh Prefect home, none of the suite's settings): what it printed, its run directory, its MLflow store.
+    The tests of what a run leaves read it (the flow, the registry, the sample tables, `igrpo eval` and `compare`, the
+    console, the reference of the stopped and resumed run); none writes into it."""
+    import yaml
+
+    from pipeline.loading import config_from_dict
+
+    root = tmp_path_factory.mktemp("mini-run")
+    data = mini_config(root)
+    (root / "mini.yaml").write_text(yaml.safe_dump(data))
+    proc = igrpo(root, "run", "mini.yaml")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return FinishedRun(config_from_dict(data), proc.stdout, root)
+
+
+@pytest.fixture
+def finished(mini_run):
+    """The session's finished mini run, with MLflow's tracking URI set to its store for the test."""
+    import mlflow
+
+    mlflow.set_tracking_uri(mini_run.cfg.tracking.tracking_uri)
+    yield mini_run
+    mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture

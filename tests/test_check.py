@@ -16,7 +16,7 @@ import yaml
 
 from flows.cli import main
 from pipeline.loading import load_config
-from tests.conftest import mini_config
+from tests.helpers import mini_config
 
 pytestmark = pytest.mark.usefixtures("isolated")
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 
 from flows.cli import main
-from tests._harness import assert_user_error, run_cli
-from tests.conftest import mini_config
+from tests.helpers import assert_user_error, mini_config, run_cli
 
 pytestmark = pytest.mark.usefixtures("isolated")
 

@@ -351,7 +351,7 @@ def test_the_mc_rollouts_come_from_the_chosen_prover(tmp_path, tiny_policy_dir, 
     from pipeline.loading import config_from_dict
     from pipeline.problems import problem_set_from_config
     from pipeline.rundir import RunDir
-    from tests.conftest import mini_config
+    from tests.helpers import mini_config
 
     cfg = config_from_dict(mini_config(tmp_path, collect={"prover": prover}), check_trl=False)
     run = RunDir(cfg.run_dir)

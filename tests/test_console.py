@@ -1,12 +1,12 @@
 """What `igrpo run` prints: progress bars, one line per finished phase, the final table; no traceback, no warning.
 
-The slow test runs the main command on the mini config in a subprocess, as a user would, with none of the
-test suite's own quieting (conftest.py sets Prefect's and tqdm's environment for in-process tests).
+The slow tests read the session's finished mini run (conftest.py's `mini_run`: the main command on the mini config
+in a subprocess, as a user runs it, with none of the test suite's own quieting: conftest.py sets Prefect's and
+tqdm's environment for in-process tests) and run a failing one.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -19,26 +19,9 @@ import yaml
 
 from pipeline.loading import config_from_dict
 from pipeline.passthrough import grpo_config, sft_config
-from tests.conftest import mini_config
+from tests.helpers import child_env, igrpo, mini_config
 
-ROOT = Path(__file__).resolve().parent.parent
 PHASE_LINE = re.compile(r"^round (\d+)  (policy|collect|reward_model|eval) +\d+s  (.*)$", re.M)
-
-
-def user_env(tmp_path: Path) -> dict:
-    """The environment of a user who has configured nothing: a fresh Prefect home, no test-suite settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "TQDM_", "HF_DATASETS_"))}
-    return {**env, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PYTHONPATH": str(ROOT)}
-
-
-def igrpo(tmp_path: Path, *args: str, code: str | None = None, timeout: float = 600,
-          env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m flows.cli ARGS` (or `code`, which ends by calling `main()`), stdout and stderr together;
-    `env` adds to the user's environment."""
-    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "flows.cli", *args]
-    proc = subprocess.run(cmd, env={**user_env(tmp_path), **(env or {})}, cwd=tmp_path, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout, start_new_session=True)
-    return proc
 
 
 def assert_quiet(output: str) -> None:
@@ -50,20 +33,18 @@ def assert_quiet(output: str) -> None:
 # --- the main command on the mini config ----------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(tmp_path):
-    config = tmp_path / "mini.yaml"
-    config.write_text(yaml.safe_dump(mini_config(tmp_path, run={"rounds": 1})))
-    proc = igrpo(tmp_path, "run", str(config))
-    output = proc.stdout
-    assert proc.returncode == 0, output[-6000:]
+@pytest.mark.slow  # the session's finished mini run: `igrpo run` in a subprocess, none of the suite's settings
+def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(mini_run):
+    from pipeline.rundir import read_json
+
+    output, rounds = mini_run.output, mini_run.cfg.run.rounds
     assert_quiet(output)
     # Progress bars: the trainers' and our sampling's.
     assert "MC rollouts:" in output and "eval samples:" in output and "it/s]" in output
     # One line per finished phase, in Algorithm 1's order, each with its key figures.
     lines = PHASE_LINE.findall(output)
-    assert [(int(r), p) for r, p, _ in lines] == [(r, p) for r in range(2) for p in ("policy", "collect",
-                                                                                      "reward_model", "eval")]
+    assert [(int(r), p) for r, p, _ in lines] == [(r, p) for r in range(rounds + 1) for p in ("policy", "collect",
+                                                                                                 "reward_model", "eval")]
     figures = {(int(r), p): f for r, p, f in lines}
     assert figures[0, "policy"].startswith("sft/train_loss ")
     assert figures[1, "policy"].startswith("policy/reward_start ") and "policy/reward_end " in figures[1, "policy"]
@@ -74,12 +55,17 @@ def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(tmp_path):
     # The final tables: a row per round; best-of-N, a row per round and N; then where the run and its MLflow runs are.
     table = output[output.index("run                      round"):].splitlines()
     assert table[0].split() == ["run", "round", "greedy", "pass@1", "maj@1", "pass@2", "maj@2", "pass@4", "maj@4"]
-    assert [row.split()[:2] for row in table[1:3]] == [["mini", "0"], ["mini", "1"]]
-    assert table[3] == "" and table[4].startswith("best-of-N among the first N samples")
-    assert table[5].split() == ["run", "round", "N", "orm", "orm_vote", "prm", "prm_vote", "majority", "random"]
-    assert [row.split()[:3] for row in table[6:10]] == [["mini", str(r), str(n)] for r in range(2) for n in (2, 4)]
-    assert table[10].startswith(f"run directory: {tmp_path / 'runs' / 'mini'}")
-    assert table[11].startswith("MLflow: parent run ") and "experiment 'mini'" in table[11]
+    end = 1 + rounds + 1
+    assert [row.split()[:2] for row in table[1:end]] == [["mini", str(r)] for r in range(rounds + 1)]
+    assert table[end] == "" and table[end + 1].startswith("best-of-N among the first N samples")
+    bon = table[end + 2 :]
+    assert bon[0].split() == ["run", "round", "N", "orm", "orm_vote", "prm", "prm_vote", "majority", "random"]
+    n_rows = 2 * (rounds + 1)
+    assert [row.split()[:3] for row in bon[1 : 1 + n_rows]] == [["mini", str(r), str(n)] for r in range(rounds + 1)
+                                                                for n in (2, 4)]
+    assert bon[1 + n_rows].startswith(f"run directory: {mini_run.cfg.run_dir}")
+    parent = read_json(mini_run.cfg.run_dir / "manifest.json")["mlflow"]["parent"]
+    assert bon[2 + n_rows].startswith(f"MLflow: parent run {parent}, experiment 'mini'")
 
 
 @pytest.mark.slow
@@ -172,7 +158,7 @@ def test_prefect_analytics_are_off_unless_the_user_turned_them_on(tmp_path):
     results = {}
     for case, extra in (("nothing", {}), ("env", {"PREFECT_SERVER_ANALYTICS_ENABLED": "true"}),
                         ("profile", {"PREFECT_PROFILES_PATH": str(tmp_path / "profiles.toml")})):
-        env = {**user_env(tmp_path), **extra}
+        env = child_env(user_home=tmp_path, **extra)
         proc = subprocess.run([sys.executable, "-c", PREFECT_DEFAULTS, case], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr

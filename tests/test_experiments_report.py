@@ -5,7 +5,7 @@ run directories."""
 import os
 from pathlib import Path
 
-from tests._harness import load_bench
+from tests.helpers import load_bench
 
 
 def load_experiments():

@@ -19,7 +19,7 @@ from pipeline.phases import Phase, PhaseResult, register_phase
 from pipeline.problems import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind, register_problem_set
 from pipeline.rewards import RewardSpec
 from pipeline.rm_kinds import RewardModelKind, RMKindEntry, register_rm_kind
-from tests.conftest import mini_config
+from tests.helpers import mini_config
 
 # --- a problem set: doubling a number, step by step --------------------------------------------------------
 

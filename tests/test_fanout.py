@@ -13,7 +13,7 @@ from pipeline.fanout import split_batches
 from pipeline.generation import assemble, batch_seed, generate_batches, plan_batches, sample
 from pipeline.loading import config_from_dict
 from pipeline.replay import read_shard
-from tests.conftest import mini_config
+from tests.helpers import mini_config
 
 # --- the batch plan -------------------------------------------------------------------------------------
 

@@ -1,32 +1,31 @@
-"""The iterative flow end to end: a real mini run (2 rounds) in the Prefect harness (its resumes: test_resume.py)."""
+"""The iterative flow end to end: what the session's finished mini run (2 rounds, `igrpo run` as a user runs it:
+conftest.py's `mini_run`) leaves in its run directory and in MLflow, and `igrpo compare` on it. Its console output:
+test_console.py; its sample tables: test_sample_tables.py; its stops and resumes: test_signals.py."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.loading import config_from_dict
-from pipeline.replay import read_shard
-from pipeline.rundir import RunDir, read_json
-from tests._harness import assert_complete_run, mlflow_structure
-from tests.conftest import mini_config
+from pipeline.rundir import read_json
+from tests.helpers import NAME, assert_complete_run, mlflow_structure
 
 pytestmark = pytest.mark.slow
 ROUNDS = 2  # round 0 (bootstrap) + rounds 1, 2
 
 
-def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
-    from flows.iterative import iterative_rl
+def _parent(run) -> str:
+    return read_json(run.cfg.run_dir / "manifest.json")["mlflow"]["parent"]
 
-    cfg = config_from_dict(mini_config(tmp_path))
-    result = iterative_rl(cfg.model_dump(mode="json"))
-    assert_complete_run(cfg, "mini")
+
+def test_every_phase_of_every_round_is_done_and_tracked(finished):
+    cfg = finished.cfg
+    assert_complete_run(cfg, NAME)
     client = MlflowClient()
-    parent = result["mlflow_run"]
+    parent = _parent(finished)
     assert client.get_run(parent).info.status == "FINISHED"
     # Cross-round metrics on the parent, step = round.
     metrics = client.get_run(parent).data.metrics
@@ -34,9 +33,21 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
                 "monitor/prm_gap", "policy/reward_end", "bon/prm_at_4", "bon/prm_vote_at_4", "bon/orm_vote_at_2"):
         assert key in metrics, key
     # TRL's own metrics landed in the GRPO phase's run.
-    s = mlflow_structure("mini")
+    s = mlflow_structure(NAME)
     grpo_run = next(r for r in s["all"].values() if r.info.run_name == "round-001-policy")
     assert {"reward", "loss", "process/step_reward_mean", "policy/reward_end"} <= set(grpo_run.data.metrics)
+    # The monitor compares with the RMs' calibration from round 1 on (round 0 reads its RMs on their own shard).
+    assert sorted(p.step for p in client.get_metric_history(parent, "monitor/prm_gap_rise")) == [1, 2]
+    assert sorted(p.step for p in client.get_metric_history(parent, "monitor/prm_gap")) == [0, 1, 2]
+    # MLflow 3 opens the experiment in its model-training view.
+    assert client.get_experiment_by_name(NAME).tags["mlflow.experimentKind"] == "custom_model_development"
+    # Plots and eval files.
+    assert (cfg.run_dir / "pass_maj_rounds.png").stat().st_size > 1000
+    assert read_json(cfg.run_dir / "round-002" / "eval.json")["round"] == 2
+
+
+def test_each_rounds_reward_models_and_policy_are_registered_with_round_aliases(finished):
+    client = MlflowClient()
     # RM versions registered per round, with round aliases; models:/ URIs resolve.
     for kind in ("prm", "orm"):
         versions = client.search_model_versions(f"name='mini-{kind}'")
@@ -45,9 +56,6 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
     local = mlflow.artifacts.download_artifacts("models:/mini-prm@round-1")
     assert os.path.exists(os.path.join(local, "model.safetensors"))
     assert os.path.exists(os.path.join(local, "calibration.json"))  # the RM's calibration travels with it
-    # The monitor compares with that calibration from round 1 on (round 0 reads its RMs on their own shard).
-    assert sorted(p.step for p in client.get_metric_history(parent, "monitor/prm_gap_rise")) == [1, 2]
-    assert sorted(p.step for p in client.get_metric_history(parent, "monitor/prm_gap")) == [0, 1, 2]
     # The policy of every round registered the same way, from its phase's run.
     versions = client.search_model_versions("name='mini-policy'")
     assert sorted(v.tags["round"] for v in versions) == ["0", "1", "2"]
@@ -55,16 +63,13 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
     assert client.get_run(policy_1.run_id).info.run_name == "round-001-policy"
     assert os.path.exists(os.path.join(mlflow.artifacts.download_artifacts("models:/mini-policy@round-1"),
                                        "model.safetensors"))
-    # MLflow 3 opens the experiment in its model-training view.
-    assert client.get_experiment_by_name("mini").tags["mlflow.experimentKind"] == "custom_model_development"
-    _assert_sample_tables(cfg, s)
-    # Plots and eval files.
-    assert (cfg.run_dir / "pass_maj_rounds.png").stat().st_size > 1000
-    assert read_json(cfg.run_dir / "round-002" / "eval.json")["round"] == 2
-    # `igrpo compare`: the run directory and the MLflow parent run give the same tables.
+
+
+def test_compare_gives_the_same_tables_from_the_run_directory_and_its_mlflow_run(finished, tmp_path):
     from pipeline.compare import compare
 
-    text, png = compare([str(cfg.run_dir), parent], tmp_path / "cmp.png", mlflow_tmp)
+    cfg = finished.cfg
+    text, png = compare([str(cfg.run_dir), _parent(finished)], tmp_path / "cmp.png", cfg.tracking.tracking_uri)
     table, bon = (part.splitlines() for part in text.split("\n\n"))
     assert table[0].split()[:3] == ["run", "round", "greedy"] and "maj@4" in table[0]
     assert len(table) == 1 + 2 * (ROUNDS + 1)
@@ -76,33 +81,3 @@ def test_mini_flow_end_to_end(tmp_path, prefect_harness, mlflow_tmp):
     assert len(bon) == 2 + 2 * rows and all("-" not in x.split() for x in bon[2:])
     assert [x.split()[1:] for x in bon[2 : 2 + rows]] == [x.split()[1:] for x in bon[2 + rows :]]
     assert png.stat().st_size > 1000
-
-
-def _table(run_id: str, name: str) -> list[dict]:
-    with open(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"samples/{name}.json")) as f:
-        table = json.load(f)
-    return [dict(zip(table["columns"], row)) for row in table["data"]]
-
-
-def _assert_sample_tables(cfg, structure) -> None:
-    """Each round's eval run holds its sample tables: the same held-out prompts every round, the shard's rows."""
-    runs = {r.info.run_name: r.info.run_id for r in structure["all"].values()}
-    eval_ids = []
-    for r in range(ROUNDS + 1):
-        run_id = runs[f"round-{r:03d}-eval"]
-        evals, collected = _table(run_id, "eval"), _table(run_id, "collect")
-        assert len(evals) == cfg.tracking.sample_table_rows == 16  # of 8 problems x 4 samples: 2 of each
-        assert len(collected) == 12  # the whole shard: 6 prompts x 2 samples
-        assert {x["round"] for x in evals + collected} == {r}
-        assert all(len(x["prm_step_scores"]) >= 1 and 0 <= x["orm_score"] <= 1 for x in evals + collected)
-        assert all(x["he_labels"] is None and isinstance(x["gold_labels"], list) for x in evals)
-        shard = {(x["prompt_id"], x["sample_index"]): x for x in read_shard(RunDir(cfg.run_dir).shard(r))}
-        for x in collected:
-            row = shard[x["prompt_id"], x["sample_index"]]
-            assert (x["completion"], x["verifier"], x["he_labels"]) == (row["completion"], row["outcome"],
-                                                                      row["he_labels"])
-        rms = f"round-{max(r - 1, 0):03d}/reward_model"  # the RMs GRPO trained against score the shard
-        assert collected[0]["scored_by"] == f"prm={rms}/prm, orm={rms}/orm"
-        assert evals[0]["scored_by"] == f"prm=round-{r:03d}/reward_model/prm, orm=round-{r:03d}/reward_model/orm"
-        eval_ids.append([(x["prompt_id"], x["sample_index"]) for x in evals])
-    assert eval_ids[0] == eval_ids[1] == eval_ids[2]

@@ -8,7 +8,6 @@ process costs seconds (Python, torch, TRL imports), so every test here starts as
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,29 +16,12 @@ import pytest
 import torch
 import yaml
 
-from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
 from pipeline.config import ConfigError, LauncherConfig
 from pipeline.launch import LaunchError, check_launchable, launch_command, run_logged
 from pipeline.loading import config_from_dict
-from tests.conftest import SIZES, mini_config
+from tests.helpers import CPU_2PROC, ROOT, child_env, mini_config, policy_and_rms
 
-REPO = Path(__file__).resolve().parents[1]
-CPU_2PROC = "configs/accelerate/cpu_2proc.yaml"
-STEP_SCRIPT = REPO / "tests" / "launcher_step.py"
-
-
-def child_env() -> dict[str, str]:
-    """The launched processes import `pipeline` and `models` from this checkout."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-
-
-def build_models(where: Path) -> tuple[Path, Path]:
-    """A tiny policy (mini_config's sizes) and a PRM on its backbone with a seeded head."""
-    tok = char_tokenizer()
-    policy = save_model(tiny_policy(tok, **SIZES["mini"], seed=0), tok, where / "policy")
-    torch.manual_seed(1)
-    prm = save_model(*reward_model_from_policy(str(policy), "prm"), where / "prm")
-    return policy, prm
+STEP_SCRIPT = ROOT / "tests" / "launcher_step.py"
 
 
 # --- config ------------------------------------------------------------------------------------------
@@ -68,7 +50,7 @@ def test_relative_config_file_resolves_from_the_repo_when_not_in_the_working_dir
                                          "extra_args": ["--main_process_port", "0"]}}, check_trl=False)
     cmd = launch_command(cfg.launcher, ["-m", "pipeline.phases", "WORK"])
     assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
-    assert cmd[3:] == ["--config_file", str(REPO / CPU_2PROC), "--num_processes", "3", "--main_process_port", "0",
+    assert cmd[3:] == ["--config_file", str(ROOT / CPU_2PROC), "--num_processes", "3", "--main_process_port", "0",
                        "-m", "pipeline.phases", "WORK"]
 
 
@@ -76,7 +58,7 @@ def test_relative_config_file_resolves_from_the_repo_when_not_in_the_working_dir
 def test_shipped_accelerate_configs_are_what_they_say(name):
     from accelerate.commands.config.config_args import load_config_from_file
 
-    path = REPO / "configs" / "accelerate" / f"{name}.yaml"
+    path = ROOT / "configs" / "accelerate" / f"{name}.yaml"
     raw = yaml.safe_load(path.read_text())
     assert path.read_text().startswith("#")  # each file says how to run it
     loaded = load_config_from_file(str(path))  # accelerate's own reader accepts it
@@ -115,11 +97,11 @@ def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
 
 
 def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
-    script = REPO / "bench" / "gpu_check.sh"
+    script = ROOT / "bench" / "gpu_check.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)  # the whole script parses
     # Run as a user would on a machine without a GPU (and without --cpu): its first step refuses, naming the
     # dry run, before it installs or measures anything, and the log still lands in $OUT.
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    env = child_env(CUDA_VISIBLE_DEVICES="", PYTHON=sys.executable, OUT=str(tmp_path))
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "no CUDA device visible to torch: run with --cpu for a dry run" in done.stdout
@@ -142,7 +124,7 @@ def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_pat
     values off by up to 1.46 when tried) changes the advantages, hence the loss and the gradient. Hybrid mode
     also adds TRL's outcome advantages, which each process holds for its own rows only.
     """
-    build_models(tmp_path)
+    policy_and_rms(tmp_path)  # mini_config's policy size, a PRM with a seeded head
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     modes = ["process", "hybrid"]
     launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
@@ -195,7 +177,8 @@ def _run_with_round0(tmp_path, **sections):
 
     cfg = config_from_dict(mini_config(tmp_path, launcher={"kind": "accelerate", "config_file": CPU_2PROC},
                                        **sections))
-    policy, prm = build_models(tmp_path / "models")
+    models = policy_and_rms(tmp_path / "models")
+    policy, prm = models / "policy", models / "prm"
     manifest = open_run(cfg)
     manifest.record(0, "policy", {"path": str(policy), "metrics": {}})
     manifest.record(0, "reward_model", {"paths": {"prm": str(prm)}, "metrics": {}})

@@ -17,7 +17,7 @@ from models import (
 )
 from models.factories import apply_lora, resolve_spec
 from models.tokenizer import DEFAULT_ALPHABET
-from tests.conftest import SIZES
+from tests.helpers import SIZES
 
 TEXT = "7 +5 *3 -4\n7+5=12\n12*3=36\n36-4=32\nAnswer: 32"
 
@@ -179,7 +179,7 @@ def test_all_linear_lora_reward_model_trains_its_head_in_full_and_merges(tiny_po
     """
     from pipeline.loading import config_from_dict
     from pipeline.reward_model import train_reward_model
-    from tests.conftest import mini_config
+    from tests.helpers import mini_config
 
     task = {"prm": "TOKEN_CLS", "orm": "SEQ_CLS"}[kind]
     wrapped = apply_lora(reward_model_from_policy(str(tiny_policy_dir), kind)[0], 2, 4, 0.0, "all-linear", task)

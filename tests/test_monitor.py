@@ -15,8 +15,7 @@ from pipeline.loading import config_from_dict
 from pipeline.replay import write_shard
 from pipeline.reward_model import exploited, load_scorer, read_calibration, write_calibration
 from pipeline.rundir import calibration_path
-from tests.conftest import mini_config
-from tests.test_replay import make_row
+from tests.helpers import make_row, mini_config
 
 # A held-out slice: three right samples, two wrong, the wrong ones ranked below every right one.
 HELD_SCORES, HELD_OUTCOMES = [0.6, 0.5, 0.7, 0.2, 0.1], [1, 1, 1, 0, 0]
@@ -242,7 +241,7 @@ def test_monitor_noise_bootstraps_whole_prompts():
 
     import numpy as np
 
-    from tests._harness import load_bench
+    from tests.helpers import load_bench
 
     noise = load_bench("monitor_noise")
     rng = random.Random(0)

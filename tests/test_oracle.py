@@ -19,8 +19,8 @@ from pipeline.rewards import reward_models_needed
 from pipeline.scorers import GoldStepScorer
 from pipeline.steps import scored_step_ends
 from pipeline.tracking import flatten
-from tests.conftest import SIZES, mini_config
-from tests.tokenizer_cases import KINDS, encode, tokenizer_of
+from tests.helpers import SIZES, mini_config, run_grpo
+from tests.tokenizer_cases import KINDS, PROMPT, PROMPT_B, encode, policy_and_prm, tokenizer_of
 
 ARITH = EmbeddedArithmetic(num_train=20, num_test=5)
 
@@ -143,8 +143,6 @@ ROLLOUT = [
 
 def test_grpo_step_with_the_oracle_uses_the_gold_labels_advantages(tmp_path):
     """A real ProcessGRPOTrainer step on designed completions (char tokenizer: token k is character k)."""
-    from tests.test_process_grpo import PROMPT, PROMPT_B, run_grpo
-    from tests.tokenizer_cases import policy_and_prm
 
     tok = tokenizer_of("char")
     rows = [encode(tok, text) + ([tok.eos_token_id] if done else []) for text, done, _ in ROLLOUT]

@@ -25,8 +25,7 @@ from mlflow import MlflowClient
 
 from pipeline.loading import config_from_dict
 from pipeline.rundir import phase_key, read_json
-from tests._harness import ROOT, assert_complete_run
-from tests.conftest import mini_config
+from tests.helpers import assert_complete_run, child_env, mini_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated")]
 
@@ -76,9 +75,8 @@ def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-server")
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env(PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                    PREFECT_UI_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="1")
     log = home / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],

@@ -534,8 +534,7 @@ def test_round_noise_fresh_problems_are_in_neither_split(tmp_path):
     """bench/round_noise.py --fresh: a smaller SE from problems no policy of the run has seen (SFT noise on)."""
     from pipeline.loading import config_from_dict
     from pipeline.problems import problem_set_from_config
-    from tests._harness import load_bench
-    from tests.conftest import mini_config
+    from tests.helpers import load_bench, mini_config
 
     round_noise = load_bench("round_noise")
     data = mini_config(tmp_path)

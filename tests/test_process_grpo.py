@@ -10,7 +10,6 @@ the weighted process advantages, min credit included, and the PRM term's share o
 
 from __future__ import annotations
 
-import os
 import statistics
 
 import pytest
@@ -18,9 +17,11 @@ import torch
 
 from pipeline.scorers import PrmScorer
 from pipeline.steps import scored_step_ends
+from tests.helpers import run_grpo
 from tests.tokenizer_cases import (
     KINDS,
     PROMPT,
+    PROMPT_B,
     TEXTS,
     encode,
     id_variants,
@@ -31,7 +32,6 @@ from tests.tokenizer_cases import (
     tokenizer_of,
 )
 
-PROMPT_B = "Q: How many clips?\n"
 # Group A: four finished completions (eos appended). Group B: three identical finished ones and one that
 # was cut (no eos): with mask_truncated_completions TRL zeroes its mask.
 GROUP_A = TEXTS
@@ -100,52 +100,6 @@ def reference_outcome(rewards: list[float], scale: str) -> list[float]:
     return out
 
 
-def run_grpo(tok, policy_dir, out_dir, rows, supervision: str, scorer=None, scale: str | None = None, **kwargs):
-    """One real GRPO step of `ProcessGRPOTrainer` on the designed completions `rows` (TRL's rollout hook).
-
-    Returns what the loss saw (in `rows`' order: TRL shuffles the batch), the trainer's logs, and the
-    completions TRL decoded for the reward function, which gives 1 to a completion containing "72".
-    """
-    from datasets import Dataset
-    from trl import GRPOConfig
-
-    from pipeline.policy import ProcessGRPOTrainer
-
-    def rollout(prompts, trainer):
-        assert prompts == [PROMPT] * 4 + [PROMPT_B] * 4, prompts
-        return {"prompt_ids": [tok(p).input_ids for p in prompts], "completion_ids": rows, "logprobs": None}
-
-    decoded, seen = [], []
-
-    def reward(completions, **kwargs):  # records the texts TRL decoded for the reward functions
-        decoded.extend(completions)
-        return [float("72" in c) for c in completions]
-
-    extra = {} if scale is None else {"scale_rewards": scale}
-    args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=8, num_generations=4, max_steps=1,
-                      max_completion_length=128, learning_rate=1e-6, logging_steps=1, report_to="none",
-                      use_cpu=True, bf16=False, save_strategy="no", shuffle_dataset=False,
-                      mask_truncated_completions=True, **extra)
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    trainer = ProcessGRPOTrainer(
-        model=str(policy_dir), reward_funcs=[reward], args=args,
-        train_dataset=Dataset.from_list([{"prompt": PROMPT}, {"prompt": PROMPT_B}]),
-        processing_class=tok, prm_scorer=scorer, supervision=supervision, rollout_func=rollout, **kwargs,
-    )
-    original = trainer._compute_loss
-
-    def spy(model, inputs):
-        seen.append({k: inputs[k].detach().clone() for k in ("advantages", "completion_ids", "completion_mask")})
-        return original(model, inputs)
-
-    trainer._compute_loss = spy
-    trainer.train()
-    (inputs,) = seen
-    order = rollout_order(inputs["completion_ids"], rows, tok.pad_token_id)
-    return {"advantages": inputs["advantages"][order], "mask": inputs["completion_mask"][order],
-            "logs": trainer.state.log_history, "decoded": decoded, "table": list(trainer._logs["advantages"])}
-
-
 @pytest.fixture(scope="module", params=KINDS)
 def grpo_run(request, tmp_path_factory):
     """One real process-mode GRPO step on the designed completions, per tokenizer: what the loss saw, the logs."""
@@ -165,16 +119,6 @@ def grpo_run(request, tmp_path_factory):
     rows = rollout_ids(tok)
     run = run_grpo(tok, prm_dir / "policy", tmp_path_factory.mktemp("grpo"), rows, "process", scorer, SCALE[kind])
     return {**run, "tok": tok, "rows": rows, "prm": prm, "scale": SCALE[kind], "scored": scored}
-
-
-def rollout_order(ids, rows: list[list[int]], pad: int) -> list[int]:
-    """For each rollout row, the batch row holding it (its ids, then only padding)."""
-    order = []
-    for row in rows:
-        hits = [i for i in range(ids.shape[0]) if ids[i, : len(row)].tolist() == row
-                and bool((ids[i, len(row) :] == pad).all()) and i not in order]
-        order.append(hits[0])
-    return order
 
 
 def test_grpo_prm_scores_the_text_trl_decoded(grpo_run):

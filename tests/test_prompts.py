@@ -25,7 +25,7 @@ from pipeline.problems.gsm8k import problem_from_row
 from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.rewards import checked, verifier_reward
 from pipeline.scorers import PrmScorer
-from tests.conftest import mini_config
+from tests.helpers import mini_config
 from tests.tokenizer_cases import smollm2_tokenizer
 
 GSM8K_LIKE = [

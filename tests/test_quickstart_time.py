@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from tests._harness import load_bench
+from tests.helpers import load_bench
 
 
 def _eval_json(run, r, **metrics):

@@ -22,7 +22,7 @@ from pipeline.problems import problem_set_from_config
 from pipeline.replay import read_shard
 from pipeline.rundir import RunDir, read_json
 from pipeline.steps import split_steps
-from tests._harness import assert_complete_run, mlflow_structure
+from tests.helpers import assert_complete_run, mlflow_structure
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated")]
 

@@ -10,27 +10,7 @@ import pytest
 
 from pipeline.replay import SHARD_SCHEMA, ReplayBuffer, read_shard, write_shard
 from pipeline.rundir import RunDir
-
-
-def make_row(round_: int = 0, index: int = 0, **overrides) -> dict:
-    row = {
-        "round": round_,
-        "policy": f"runs/demo/round-{round_:03d}/policy",
-        "prompt_id": f"p{index // 4}",
-        "prompt": "What is 13 x 17?",
-        "sample_index": index,
-        "completion": "13 x 17 = 13 x 10 + 13 x 7\n= 130 + 91\nAnswer: 221",
-        "answer": "221",
-        "steps": ["13 x 17 = 13 x 10 + 13 x 7", "= 130 + 91", "Answer: 221"],
-        "outcome": 1,
-        "he_labels": [1, 1, 1],
-        "se_labels": [0.75, 1.0, 1.0],
-        "gold_labels": [1, 1, 1],
-        "rollouts": 12,
-        "num_tokens": 48,
-    }
-    row.update(overrides)
-    return row
+from tests.helpers import make_row
 
 
 def fill_run(run_dir, sizes: dict[int, int]) -> None:

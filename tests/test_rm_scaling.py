@@ -15,28 +15,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import char_tokenizer, load_reward_model, reward_model_from_policy, save_model, tiny_policy
+from models import load_reward_model
 from pipeline.config import LauncherConfig
 from pipeline.launch import launch_command, run_logged
 from pipeline.rm_kinds.orm import orm_examples
 from pipeline.rm_kinds.prm import prm_examples
-from tests.conftest import SIZES
+from tests.helpers import CPU_2PROC, ROOT, child_env, policy_and_rms
 from tests.rm_step import ROWS, train_one_step
-from tests.test_launcher import CPU_2PROC, REPO, child_env
 
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory) -> Path:
-    """A tiny policy and a PRM and an ORM on its backbone, seeded heads, head dropout off (deterministic steps)."""
-    where = tmp_path_factory.mktemp("rm-scaling")
-    tok = char_tokenizer()
-    policy = save_model(tiny_policy(tok, **SIZES["mini"], seed=0), tok, where / "policy")
-    for kind in ("prm", "orm"):
-        torch.manual_seed(1)
-        model, rm_tok = reward_model_from_policy(str(policy), kind)
-        model.config.classifier_dropout = 0.0  # the PRM's token-classification head defaults to dropout 0.1
-        save_model(model, rm_tok, where / kind)
-    return where
+    """A policy of mini_config's size and a PRM and an ORM on its backbone, seeded heads, head dropout off
+    (deterministic steps; the PRM's token-classification head defaults to dropout 0.1)."""
+    return policy_and_rms(tmp_path_factory.mktemp("rm-scaling"), kinds=("prm", "orm"), dropout_off=True)
 
 
 def reference_step(models_dir: Path, kind: str) -> tuple[float, torch.Tensor]:
@@ -92,7 +84,7 @@ def test_two_processes_give_the_plain_mean_loss_and_gradient(models_dir, referen
     (PRM loss 2.750 against 0.688). Measured after: losses within 6e-8, gradient norms within 1.1e-7 relative."""
     out = tmp_path / "two.json"
     launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
-    cmd = launch_command(launcher, [str(REPO / "tests" / "rm_step.py"), str(models_dir), str(out), "2", "2"])
+    cmd = launch_command(launcher, [str(ROOT / "tests" / "rm_step.py"), str(models_dir), str(out), "2", "2"])
     run_logged(cmd, tmp_path / "two.log", child_env(), "the 2-process RM step")
     two = json.loads(out.read_text())
     assert two["processes"] == 2

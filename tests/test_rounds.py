@@ -12,7 +12,7 @@ from pipeline.loading import config_from_dict
 from pipeline.phases import PHASES, PhaseResult, recorded
 from pipeline.rounds import open_run
 from pipeline.rundir import Manifest, RunDirError, phase_key, write_json_atomic
-from tests.conftest import mini_config
+from tests.helpers import mini_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,6 +139,25 @@ def test_pipeline_never_imports_flows():
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*.py")
                  if any(m == "flows" or m.startswith("flows.") for m in _imports(p))]
     assert offenders == []
+
+
+def test_no_test_module_imports_another_or_conftest():
+    """Shared functions and constants live in tests/helpers.py, fixtures in conftest.py: a module of tests/ that
+    imports a test module (or conftest) runs its import-time work and ties the two files' tests together."""
+    def imported(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module:
+                names |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}  # `from tests import test_x` too
+        return names
+
+    def a_test_module(name: str) -> bool:
+        last = name.split(".")[-1]
+        return last == "conftest" or last.startswith("test_")
+
+    offenders = {p.name: sorted(filter(a_test_module, imported(p))) for p in (ROOT / "tests").glob("*.py")}
+    assert {name: found for name, found in offenders.items() if found} == {}
 
 
 def test_the_module_map_matches_the_tree():

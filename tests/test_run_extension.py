@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.loading import config_from_dict
 from pipeline.rundir import Manifest, RunDirError
-from tests.conftest import mini_config
+from tests.helpers import mini_config
 
 
 def test_more_rounds_extend_a_run_without_force_and_fewer_are_a_change(tmp_path, mlflow_tmp):
@@ -73,7 +73,7 @@ def _recorded_run(tmp_path, tiny_policy_dir):
 ], ids=["checkpoint", "shard", "eval-json"])
 def test_a_resume_names_a_damaged_recorded_output_before_any_work(tmp_path, capsys, tiny_policy_dir, damaged,
                                                                   recorded, expected):
-    from tests._harness import run_cli
+    from tests.helpers import run_cli
 
     data, run = _recorded_run(tmp_path, tiny_policy_dir)
     from pipeline.preflight import preflight

@@ -13,8 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.loading import config_from_dict
-from tests._harness import NAME, run_cli
-from tests.conftest import SIZES, mini_config
+from tests.helpers import NAME, SIZES, mini_config, run_cli
 
 pytestmark = pytest.mark.usefixtures("isolated")
 

@@ -1,5 +1,5 @@
 """MLflow's view of the work: each round's sample tables (a fixed, seeded slice), logged once, and the
-experiment's kind (MLflow 3's model-training view)."""
+experiment's kind (MLflow 3's model-training view); the tables a finished run logged."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pipeline.rundir import RunDir
 from pipeline.sample_tables import eval_samples, pick, sample_table, scored_by
 from pipeline.scorers import Scores
 from pipeline.tracking import EXPERIMENT_KIND_TAG, connect, create_run, log_table
-from tests.test_replay import make_row
+from tests.helpers import NAME, make_row, mlflow_structure
 
 COLUMNS = ["round", "prompt_id", "sample_index", "prompt", "completion", "steps", "answer", "verifier",
            "prm_step_scores", "prm_score", "orm_score", "he_labels", "se_labels", "gold_labels", "scored_by"]
@@ -161,3 +161,40 @@ def test_the_experiment_opens_in_the_model_training_view_unless_a_kind_was_chose
     chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})
     connect(mlflow_tmp, "chosen")
     assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+# --- in a finished run ---------------------------------------------------------------------------------------
+
+
+def _table(run_id: str, name: str) -> list[dict]:
+    import mlflow
+
+    with open(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"samples/{name}.json")) as f:
+        table = json.load(f)
+    return [dict(zip(table["columns"], row)) for row in table["data"]]
+
+
+@pytest.mark.slow  # the session's finished mini run
+def test_each_rounds_eval_run_holds_its_sample_tables(finished):
+    """The same held-out prompts every round, the shard's rows, each scored by the RMs of its round."""
+    cfg = finished.cfg
+    runs = {r.info.run_name: r.info.run_id for r in mlflow_structure(NAME)["all"].values()}
+    eval_ids = []
+    for r in range(cfg.run.rounds + 1):
+        run_id = runs[f"round-{r:03d}-eval"]
+        evals, collected = _table(run_id, "eval"), _table(run_id, "collect")
+        assert len(evals) == cfg.tracking.sample_table_rows == 16  # of 8 problems x 4 samples: 2 of each
+        assert len(collected) == 12  # the whole shard: 6 prompts x 2 samples
+        assert {x["round"] for x in evals + collected} == {r}
+        assert all(len(x["prm_step_scores"]) >= 1 and 0 <= x["orm_score"] <= 1 for x in evals + collected)
+        assert all(x["he_labels"] is None and isinstance(x["gold_labels"], list) for x in evals)
+        shard = {(x["prompt_id"], x["sample_index"]): x for x in read_shard(RunDir(cfg.run_dir).shard(r))}
+        for x in collected:
+            row = shard[x["prompt_id"], x["sample_index"]]
+            assert (x["completion"], x["verifier"], x["he_labels"]) == (row["completion"], row["outcome"],
+                                                                      row["he_labels"])
+        rms = f"round-{max(r - 1, 0):03d}/reward_model"  # the RMs GRPO trained against score the shard
+        assert collected[0]["scored_by"] == f"prm={rms}/prm, orm={rms}/orm"
+        assert evals[0]["scored_by"] == f"prm=round-{r:03d}/reward_model/prm, orm=round-{r:03d}/reward_model/orm"
+        eval_ids.append([(x["prompt_id"], x["sample_index"]) for x in evals])
+    assert eval_ids[0] == eval_ids[1] == eval_ids[2]

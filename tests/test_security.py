@@ -9,8 +9,7 @@ import pytest
 import yaml
 
 from flows.cli import main
-from tests._harness import ROOT
-from tests.conftest import mini_config
+from tests.helpers import ROOT, mini_config
 
 pytestmark = pytest.mark.usefixtures("isolated")
 

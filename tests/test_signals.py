@@ -1,8 +1,11 @@
-"""SIGINT and SIGTERM stop `igrpo run` within seconds at any phase, leaving a run that resumes to the same figures.
+"""SIGINT and SIGTERM stop `igrpo run` within seconds at any phase, and a SIGKILL anywhere leaves a run that
+resumes: to the same figures, with nothing lost, redone or doubled.
 
 The fast tests drive `flows.signals.stop_on_signals` in a small subprocess (a cleanup that finishes, one that
-hangs, a second signal); the slow one signals a real `igrpo run` in SFT, collection, RM training and GRPO,
-as a terminal (Ctrl-C to the whole process group), `timeout` and systemd do, then resumes it.
+hangs, a second signal) and the windows a signal can hit in-process; the slow one stops one real `igrpo run`
+again and again (tests/helpers.py's `stop_run`: a subprocess of its own session, its process group killed after
+it): signalled in SFT, collection, RM training and GRPO as a terminal (Ctrl-C to the whole process group),
+`timeout` and systemd do, then SIGKILLed inside each phase of round 1, each resume stopped one phase further.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ from mlflow import MlflowClient
 
 from pipeline.loading import config_from_dict
 from pipeline.rundir import phase_key, read_json
-from tests._harness import ROOT, assert_complete_run, mlflow_structure, sigkill_run
-from tests.conftest import mini_config
+from tests.helpers import NAME, assert_complete_run, child_env, mini_config, mlflow_structure, stop_run
 
 # A body that works until signalled; its cleanup then finishes ("clean") or never ends ("hang").
 STOPPABLE = """
@@ -50,8 +52,7 @@ with stop_on_signals(grace_s=grace) as stopper:
 
 
 def _stoppable(tmp_path, mode: str, grace: float) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", STOPPABLE, mode, str(grace), str(tmp_path)], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", STOPPABLE, mode, str(grace), str(tmp_path)], env=child_env(),
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not (tmp_path / "working").exists():
@@ -139,83 +140,111 @@ def test_a_signal_inside_an_mlflow_read_still_ends_the_run_killed(mlflow_tmp, mo
 
 # ---------------------------------------------------------------------------------------------- a real run
 
-# Where each stop lands, in run order: (round, phase, signal, to the whole process group, seconds after the
-# phase's MLflow run appears). The trainers are sized to last several seconds, so 0.5 s in is inside their
-# steps; collection is over in about a second here, so its signal goes at once (into its model load and first
-# batch), and the test checks that the phase did not finish first. A signal to the whole group reaches the run's
-# own ephemeral Prefect server too, as a terminal's does; the others run on the session's server (the 10-20 s
-# of a server start saved).
+# Every stop of one run directory, in run order, each resume stopped again further on: (round, phase, signal, to
+# the whole process group, where). "step": as soon as a trainer step of the phase begins (inside the training loop);
+# "start": as soon as the phase's MLflow run is recorded; (module, attribute, needle): that call blocks for good
+# and the run is SIGKILLed there, the phase half done. A signal to the whole group reaches the run's own ephemeral
+# Prefect server too, as a terminal's does; the other runs use the session's server, as runs with PREFECT_API_URL
+# set do (the 10-20 s of a server start saved).
 STOPS = [
-    (0, "policy", signal.SIGINT, True, 0.5),  # SFT; Ctrl-C in a terminal reaches Prefect's server too
-    (0, "collect", signal.SIGTERM, False, 0.0),  # `timeout`, Kubernetes
-    (0, "reward_model", signal.SIGTERM, False, 0.5),  # `kill`, systemd (KillMode=mixed)
-    (1, "policy", signal.SIGINT, False, 0.5),  # GRPO
+    (0, "policy", signal.SIGINT, True, "step"),  # SFT; Ctrl-C in a terminal reaches Prefect's server too
+    (0, "collect", signal.SIGTERM, False, "start"),  # `timeout`, Kubernetes: into its model load and first batch
+    (0, "reward_model", signal.SIGTERM, False, "step"),  # `kill`, systemd (KillMode=mixed)
+    (1, "policy", signal.SIGINT, False, "step"),  # GRPO
+    (1, "policy", signal.SIGKILL, False, "step"),  # GRPO again, the OOM killer: a stale lock, the trainer's scratch
+    # collect: every sample labelled, the shard not yet written
+    (1, "collect", signal.SIGKILL, False, ("pipeline.collect", "write_shard", "round-001/samples.parquet")),
+    # reward_model: the PRM trained and saved, the ORM trained but not saved
+    (1, "reward_model", signal.SIGKILL, False, ("pipeline.reward_model", "save_model", "round-001/reward_model/orm")),
+    # eval: eval.json written, the plots, artifacts and manifest record not
+    (1, "eval", signal.SIGKILL, False, ("pipeline.eval_phase", "plot_pass_maj", "round-001/pass_maj.png")),
 ]
+ORDER = [phase_key(r, p) for r in (0, 1) for p in ("policy", "collect", "reward_model", "eval")]
 
 
-def _config(tmp_path) -> dict:
-    return mini_config(
-        tmp_path, run={"rounds": 1},
-        bootstrap={"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 4, "per_device_train_batch_size": 32}},
-        grpo={"max_steps": 4},
-        collect={"prompts_per_round": 16},
-        reward_model={"train_args": {"learning_rate": 1e-3, "num_train_epochs": 3, "per_device_train_batch_size": 8}},
-    )
-
-
-def _inside(manifest_path: Path, r: int, phase: str):
+def _inside(manifest_path: Path, key: str):
     def ready() -> bool:
         try:
             m = read_json(manifest_path)
         except (FileNotFoundError, ValueError):
             return False
-        return phase_key(r, phase) in m["mlflow"] and phase_key(r, phase) not in m["phases"]
+        return key in m["mlflow"] and key not in m["phases"]
     return ready
 
 
-def _figures(run_dir: Path) -> dict:
-    """Every recorded phase's metrics, timings left out (the machine's, not the run's)."""
+def _figures(run_dir: Path, rounds: int) -> dict:
+    """Every recorded phase's metrics of rounds 0..`rounds`, timings left out (the machine's, not the run's)."""
     phases = read_json(run_dir / "manifest.json")["phases"]
     return {key: {k: v for k, v in out["metrics"].items() if not k.endswith(("_per_s", "seconds"))}
-            for key, out in phases.items()}
+            for key, out in phases.items() if int(key.split("/")[0].split("-")[1]) <= rounds}
+
+
+def _assert_nothing_redone(before: dict, after: dict, stopped: str | None) -> None:
+    """Phases finished before a stop keep their recorded outputs; the stopped phase's MLflow run is reused."""
+    for key, output in before["phases"].items():
+        assert after["phases"][key] == output, key  # finished phases were not redone
+    if stopped is not None:
+        assert after["mlflow"][stopped] == before["mlflow"][stopped], stopped
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("isolated")
-def test_signals_in_each_phase_then_resume(tmp_path, prefect_harness):
+def test_stopped_in_each_phase_then_resumed_to_the_figures_of_an_uninterrupted_run(tmp_path, prefect_harness,
+                                                                                  mlflow_tmp, mini_run):
+    """`igrpo run` stopped inside each phase of round 0 (SIGINT, SIGTERM) and of round 1 (SIGINT, then SIGKILL: in
+    GRPO's training loop, and held inside collect, reward_model and eval with their work half done), each resume
+    stopped again one phase further, all in one run directory; a last, in-process rerun finishes the run. Every
+    stop within seconds, cleanly or (SIGKILL) with a stale lock that the next run takes over; nothing lost, redone
+    or doubled; the figures those of the session's uninterrupted mini run (the same config, one round less)."""
     from prefect.settings import PREFECT_API_URL
 
     from flows.iterative import iterative_rl
 
-    data = _config(tmp_path / "stopped")
+    data = mini_config(tmp_path, run={"rounds": 1})
     cfg = config_from_dict(data)
     manifest = cfg.run_dir / "manifest.json"
-    for r, phase, signum, group, settle in STOPS:
-        stopped = sigkill_run(tmp_path, data, ready=_inside(manifest, r, phase), settle=settle, signum=signum,
-                              group=group, prefect_api=None if group else PREFECT_API_URL.value())
-        where = f"{signal.Signals(signum).name} in round {r}'s {phase}"
-        assert stopped.reached, f"the run ended before {where}:\n{stopped.log}"
-        assert stopped.returncode == 128 + signum, f"{where}: rc {stopped.returncode}\n{stopped.log}"
-        assert stopped.seconds < 30, where
-        assert "Traceback" not in stopped.log, stopped.log
-        assert "resumes it" in stopped.log
+    before, stopped_last = {"phases": {}, "mlflow": {}}, None
+    for r, phase, signum, group, where in STOPS:
+        key = phase_key(r, phase)
+        hold = where if isinstance(where, tuple) else None
+        stopped = stop_run(tmp_path, data, hold=hold, ready=None if hold else _inside(manifest, key),
+                           in_steps=where == "step", signum=signum, group=group,
+                           prefect_api=None if group else PREFECT_API_URL.value())
+        at = f"{signal.Signals(signum).name} in round {r}'s {phase}"
+        assert stopped.reached, f"the run ended or stalled (rc {stopped.returncode}) before {at}:\n{stopped.log}"
         m = read_json(manifest)
-        assert phase_key(r, phase) not in m["phases"], f"{where}: the phase finished before the signal"
-        assert not (cfg.run_dir / ".lock").exists()
-        leftovers = [str(p.relative_to(cfg.run_dir)) for p in cfg.run_dir.rglob(".*")]
-        assert leftovers == [], f"{where}: half-written {leftovers}"
-        client = MlflowClient(cfg.tracking.tracking_uri)
-        for key in ("parent", phase_key(r), phase_key(r, phase)):
-            assert client.get_run(m["mlflow"][key]).info.status == "KILLED", (where, key)
+        # Inside the phase: every phase before it done, it not (its MLflow run recorded), nothing before redone.
+        assert [k for k in ORDER if k in m["phases"]] == ORDER[: ORDER.index(key)], at
+        assert key in m["mlflow"], at
+        _assert_nothing_redone(before, m, stopped_last)
+        if signum == signal.SIGKILL:
+            assert stopped.returncode == -signal.SIGKILL, f"{at}: rc {stopped.returncode}\n{stopped.log}"
+            assert (cfg.run_dir / ".lock").exists(), at  # left by the dead process: a stale lock
+        else:  # stopped on its own, within seconds, cleanly, saying how to resume
+            assert stopped.returncode == 128 + signum, f"{at}: rc {stopped.returncode}\n{stopped.log}"
+            assert stopped.seconds < 30, at
+            assert "Traceback" not in stopped.log, stopped.log
+            assert "resumes it" in stopped.log
+            assert not (cfg.run_dir / ".lock").exists(), at
+            leftovers = [str(p.relative_to(cfg.run_dir)) for p in cfg.run_dir.rglob(".*")]
+            assert leftovers == [], f"{at}: half-written {leftovers}"
+            client = MlflowClient(cfg.tracking.tracking_uri)
+            for run in ("parent", phase_key(r), key):
+                assert client.get_run(m["mlflow"][run]).info.status == "KILLED", (at, run)
+        before, stopped_last = m, key
 
-    iterative_rl(cfg.model_dump(mode="json"))  # the last resume runs to the end
-    assert_complete_run(cfg, "mini")
-    runs = mlflow_structure("mini")["all"].values()
+    iterative_rl(cfg.model_dump(mode="json"))  # resumes, taking over the stale lock, and runs to the end
+    assert_complete_run(cfg, NAME)
+    _assert_nothing_redone(before, read_json(manifest), stopped_last)
+    assert not (cfg.run_dir / ".lock").exists()
+    leftovers = [str(p.relative_to(cfg.run_dir)) for p in cfg.run_dir.rglob(".*")]
+    assert leftovers == []  # no temp file, temp checkpoint or trainer scratch dir left behind
+    runs = mlflow_structure(NAME)["all"].values()
     assert {r.info.run_name: r.info.status for r in runs if r.info.status != "FINISHED"} == {}
-
-    reference = config_from_dict(_config(tmp_path / "uninterrupted"))
-    iterative_rl(reference.model_dump(mode="json"))
-    assert _figures(cfg.run_dir) == _figures(reference.run_dir)
+    for kind in ("prm", "orm"):  # one version per round and kind: the attempt killed in reward_model registered none
+        versions = MlflowClient().search_model_versions(f"name='mini-{kind}'")
+        assert sorted(v.tags["round"] for v in versions) == ["0", "1"]
+    assert _figures(cfg.run_dir, 1) == _figures(mini_run.cfg.run_dir, 1)
 
 
 @pytest.mark.usefixtures("isolated")

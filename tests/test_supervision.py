@@ -17,7 +17,7 @@ from pipeline.loading import config_from_dict
 from pipeline.passthrough import grpo_config
 from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs
 from pipeline.problems import problem_set_from_config
-from tests.conftest import mini_config
+from tests.helpers import mini_config
 
 
 def test_rft_worked_example_has_no_baseline():

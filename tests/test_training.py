@@ -21,7 +21,7 @@ from pipeline.problems.arithmetic import answer_slip
 from pipeline.replay import ReplayBuffer, write_shard
 from pipeline.reward_model import evaluate_reward_model, read_calibration, run_reward_model_phase, train_reward_model
 from pipeline.rundir import RunDir
-from tests.conftest import SIZES, mini_config
+from tests.helpers import SIZES, mini_config
 
 pytestmark = pytest.mark.slow
 

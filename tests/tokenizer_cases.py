@@ -19,6 +19,7 @@ from models.factories import load_tokenizer
 from pipeline.steps import scored_step_ends
 
 PROMPT = "Q: Weng earns $12 an hour. “How much” in 50 minutes?\n"
+PROMPT_B = "Q: How many clips?\n"  # the second group's prompt in the designed GRPO steps (helpers.run_grpo)
 TEXTS = [
     "She sold 48/2 = 24 clips in May.\n\nAltogether 48+24 = 72 clips.\nAnswer: 72",
     "Step one:\tadd 5  \nStep two: “double” it 😀\n\nAnswer: 20 ",
