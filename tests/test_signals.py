@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 
 from pipeline.config import config_from_dict
 from pipeline.rundir import phase_key, read_json
-from tests.helpers import NAME, assert_complete_run, child_env, mini_config, mlflow_structure, stop_run
+from tests.helpers import NAME, SIZES, assert_complete_run, child_env, mini_config, mlflow_structure, stop_run
 
 # A body that works until signalled; its cleanup then finishes ("clean") or never ends ("hang").
 STOPPABLE = """
@@ -101,6 +101,13 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     assert time.monotonic() - start < 10  # not the 300 s grace
     assert (tmp_path / "tidied").exists()
     assert "a second signal" in proc.stderr.read()
+
+
+def _round_zero_config(tmp_path):
+    """mini_config with round 0's training as cheap as a real one gets (the tests below run it up to a signal):
+    the smallest policy, one SFT step."""
+    return config_from_dict(mini_config(tmp_path, policy={"tiny": dict(SIZES["tiny"])},
+                                        bootstrap={"sft_args": {"max_steps": 1, "per_device_train_batch_size": 8}}))
 
 
 def _terminated():
@@ -255,7 +262,7 @@ def test_a_signal_right_after_a_phase_run_is_created_still_ends_it_killed(tmp_pa
     manifest records that had not finished ends KILLED, none is left RUNNING."""
     from pipeline import rounds, tracking
 
-    cfg = config_from_dict(mini_config(tmp_path))
+    cfg = _round_zero_config(tmp_path)
     rounds.open_run(cfg)
     if where == "reopen":
         real = tracking.reopen
@@ -296,7 +303,7 @@ def test_a_signal_whose_exception_is_swallowed_stops_the_run_at_the_phase_end(tm
     from pipeline import rounds
     from pipeline.rundir import STOP
 
-    cfg = config_from_dict(mini_config(tmp_path))
+    cfg = _round_zero_config(tmp_path)
     real = rounds.execute
 
     def swallowing(cfg, name, runs, kwargs):
