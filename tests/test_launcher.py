@@ -80,6 +80,7 @@ def test_deepspeed_config_without_deepspeed_is_one_clear_error():
         check_launchable(LauncherConfig(kind="accelerate", config_file="configs/accelerate/zero2.yaml"))
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
     script = tmp_path / "fails.py"
     # One rank fails: two failing ranks interleave their output lines in the shared log.
@@ -95,6 +96,7 @@ def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
 # --- the GPU check script -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a subprocess
 def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
     script = ROOT / "bench" / "gpu_check.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)  # the whole script parses
