@@ -3,7 +3,10 @@ finished mini run per session, a temp MLflow per test. Plain functions and const
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,7 +17,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from tests.helpers import SIZES, igrpo, mini_config  # noqa: E402  (after the environment above, as every import of the suite)
+from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config, policy_and_rms  # noqa: E402  (after the environment above, as every import of the suite)
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +41,41 @@ def tiny_dirs(tiny_policy_dir):
         model, rm_tok = reward_model_from_policy(str(tiny_policy_dir), kind)
         save_model(model, rm_tok, root / kind)
     return root
+
+
+@pytest.fixture(scope="session")
+def mini_models(tmp_path_factory) -> Path:
+    """A policy of mini_config's size (seed 0) with a PRM and an ORM on its backbone (seeded heads, head dropout
+    off: deterministic steps), saved once for the launched and the in-process steps of test_launcher.py and
+    test_rm_scaling.py: read them; what a test writes beside them goes under a name of its own."""
+    return policy_and_rms(tmp_path_factory.mktemp("mini-models"), kinds=("prm", "orm"), dropout_off=True)
+
+
+@pytest.fixture(scope="session")
+def launched_steps(mini_models, tmp_path_factory) -> dict[int, dict]:
+    """tests/launcher_step.py on `mini_models`: the GRPO steps (process, hybrid modes) as 1 process x 12 rows, and
+    as 2 processes x 6 rows under `accelerate launch` (configs/accelerate/cpu_2proc.yaml), which then also take one
+    PRM and one ORM step of 2 rows x 2 micro-batches each: one launch, its processes' start paid once for
+    test_launcher.py and test_rm_scaling.py. The figures by number of processes: {1: {...}, 2: {..., "rm": ...}}."""
+    from pipeline.config import LauncherConfig
+    from pipeline.launch import launch_command, run_logged
+
+    out = tmp_path_factory.mktemp("launched")
+    script, modes = str(ROOT / "tests" / "launcher_step.py"), "process,hybrid"
+    # Both at once: the 1-process run is plain Python, no torch.distributed (what `launcher: local` runs).
+    single = subprocess.Popen([sys.executable, script, str(mini_models), str(out / "one.json"), "12", modes],
+                              env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
+        run_logged(launch_command(launcher, [script, str(mini_models), str(out / "two.json"), "6", modes, "2x2"]),
+                   out / "two.log", child_env(), "the 2-process steps")
+        _, err = single.communicate(timeout=300)
+    finally:
+        if single.poll() is None:
+            single.kill()
+            single.wait()
+    assert single.returncode == 0, err[-3000:]
+    return {n: json.loads((out / f"{name}.json").read_text()) for n, name in ((1, "one"), (2, "two"))}
 
 
 @pytest.fixture(scope="session", autouse=True)

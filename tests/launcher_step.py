@@ -1,9 +1,10 @@
-"""One process-supervised GRPO step on fixed completions; run by tests/test_launcher.py as 1 and as 2 processes.
+"""One GRPO step on fixed completions and one PRM and ORM step on fixed rows, run as 1 and as 2 processes
+(tests/test_launcher.py, tests/test_rm_scaling.py, through conftest.py's `launched_steps`).
 
-    python tests/launcher_step.py MODELS_DIR OUT_JSON PER_DEVICE_BATCH [MODES]       (one process)
+    python tests/launcher_step.py MODELS_DIR OUT_JSON PER_DEVICE_BATCH [MODES [RM_STEP]]       (one process)
     accelerate launch --config_file configs/accelerate/cpu_2proc.yaml tests/launcher_step.py ...  (two)
 
-MODES is a comma-separated list, one step (a fresh trainer from the saved policy) per mode, in order, in the
+GRPO: MODES is a comma-separated list, one step (a fresh trainer from the saved policy) per mode, in order, in the
 same processes (a launch costs seconds): `process` (the default) or `hybrid` (min credit, w = 0.5, an outcome
 reward that varies in each group, so TRL's per-process outcome advantages must be gathered in order before
 the process term is added).
@@ -15,11 +16,19 @@ real path: TRL tokenises and pads, our `ProcessGRPOTrainer` scores steps with th
 processes, normalises per group and slices its rows; TRL computes the loss and DDP averages gradients.
 The main process writes, per mode, the gathered prompts, completions and advantages, the logged loss of the
 step, and the gradient's norm and every 37th value (before the optimizer step) to OUT_JSON ({mode: figures}).
+
+RM_STEP (BATCHxACCUM, e.g. 2x2): then the PRM and the ORM train for one optimizer step each through the phase's
+own path (`pipeline.reward_model.train_reward_model`: transformers' Trainer, `bce_loss`, DDP under accelerate),
+warm-started from the RMs saved in MODELS_DIR (their head dropout is off, so a step is deterministic), on
+ROWS: all of them in the one step, however they are split over processes and micro-batches. The rows have
+1 to 4 step ends each, so a mean per micro-batch or per process differs from the mean over the step.
+Each RM's logged loss and gradient (norm, every 37th value) go to OUT_JSON's "rm" ({kind: figures, processes}).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
@@ -30,6 +39,7 @@ from models.factories import load_reward_model, load_tokenizer
 from pipeline.config import PipelineConfig
 from pipeline.passthrough import grpo_config
 from pipeline.policy import ProcessGRPOTrainer
+from pipeline.reward_model import train_reward_model
 from pipeline.rundir import write_json_atomic
 from pipeline.scorers import PrmScorer
 
@@ -87,8 +97,10 @@ def says_an_answer(completions, **kwargs) -> list[float]:
     return [float("The answer is" in c) for c in completions]
 
 
-def main(models_dir: str, out_json: str, per_device_batch: int, modes: str = "process") -> None:
+def main(models_dir: str, out_json: str, per_device_batch: int, modes: str = "process", rm_step: str = "") -> None:
     results = {mode: step(models_dir, per_device_batch, mode) for mode in modes.split(",")}
+    if rm_step:
+        results["rm"] = rm_steps(models_dir, *map(int, rm_step.split("x")))
     if None not in results.values():  # the main process
         write_json_atomic(out_json, results)
 
@@ -116,6 +128,65 @@ def step(models_dir: str, per_device_batch: int, mode: str) -> dict | None:
                   if "hybrid/process_variance_share" in h), None)
     return {**trainer.record, "loss": loss, "share": share, "processes": trainer.accelerator.num_processes,
             "grad_norm": probe.grad.norm().item(), "grad_sample": probe.grad[::37].tolist()}
+
+
+# --- one reward-model step ------------------------------------------------------------------------------
+
+
+def _row(i: int, steps: list[str], se: list[float], outcome: int) -> dict:
+    completion = "".join(s + "\n" for s in steps)
+    return {"prompt_id": f"p{i}", "prompt": f"{i}+3*2=?\n", "completion": completion, "outcome": outcome,
+            "he_labels": [int(y > 0) for y in se], "se_labels": se}
+
+
+ROWS = [
+    _row(0, ["3*2=6", "0+6=6", "Answer: 6"], [1.0, 0.75, 1.0], 1),
+    _row(1, ["1+3=4", "4*2=8", "Answer: 8"], [0.5, 0.0, 0.0], 0),
+    _row(2, ["Answer: 8"], [1.0], 1),
+    _row(3, ["3*2=6", "3+6=9", "9+0=9", "Answer: 9"], [1.0, 1.0, 0.25, 1.0], 1),
+    _row(4, ["4+3=7", "Answer: 14"], [0.25, 0.0], 0),
+    _row(5, ["3*2=6", "5+6=11", "Answer: 11"], [1.0, 1.0, 1.0], 1),
+    _row(6, ["6+3=9", "9*2=18", "18-1=17", "Answer: 17"], [0.0, 0.0, 0.0, 0.0], 0),
+    _row(7, ["Answer: 13"], [1.0], 1),
+]
+
+
+class StepProbe(GradientProbe):
+    """The first step's gradient (GradientProbe) and the loss Trainer logs for it."""
+
+    loss: float | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.loss is None and logs and "loss" in logs:
+            self.loss = logs["loss"]
+
+
+def rm_config(per_device_batch: int, grad_accum: int) -> PipelineConfig:
+    """One optimizer step over ROWS, no clipping (the gradient is read as it is), soft PRM targets."""
+    return PipelineConfig(reward_model={"target": "soft", "train_args": {
+        "per_device_train_batch_size": per_device_batch, "gradient_accumulation_steps": grad_accum, "max_steps": 1,
+        "logging_steps": 1, "max_grad_norm": 0.0, "learning_rate": 1e-3}})
+
+
+def train_one_step(models_dir: str | Path, kind: str, per_device_batch: int, grad_accum: int) -> StepProbe:
+    probe = StepProbe()
+    cfg = rm_config(per_device_batch, grad_accum)
+    out = Path(models_dir) / f"trained-{kind}-{per_device_batch}x{grad_accum}"
+    train_reward_model(cfg, kind, ROWS, Path(models_dir) / kind, out, warm=True, callbacks=[probe])
+    return probe
+
+
+def rm_steps(models_dir: str, per_device_batch: int, grad_accum: int) -> dict | None:
+    """One step of the PRM, then of the ORM; their figures (on the main process; None on the others)."""
+    import torch.distributed as dist
+
+    result = {}
+    for kind in ("prm", "orm"):
+        probe = train_one_step(models_dir, kind, per_device_batch, grad_accum)
+        result[kind] = {"loss": probe.loss, "grad_norm": probe.grad.norm().item(), "grad_sample": probe.grad[::37].tolist()}
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    return {**result, "processes": dist.get_world_size() if dist.is_initialized() else 1}
 
 
 if __name__ == "__main__":

@@ -154,6 +154,7 @@ print(os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED"), get_current_settings()
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_prefect_analytics_are_off_unless_the_user_turned_them_on(tmp_path):
     results = {}
     for case, extra in (("nothing", {}), ("env", {"PREFECT_SERVER_ANALYTICS_ENABLED": "true"}),

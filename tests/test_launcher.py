@@ -7,7 +7,6 @@ process costs seconds (Python, torch, TRL imports), so every test here starts as
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import yaml
 from pipeline.config import ConfigError, LauncherConfig
 from pipeline.launch import LaunchError, check_launchable, launch_command, run_logged
 from pipeline.loading import config_from_dict
-from tests.helpers import CPU_2PROC, ROOT, child_env, mini_config, policy_and_rms
+from tests.helpers import CPU_2PROC, ROOT, child_env, mini_config
 
 STEP_SCRIPT = ROOT / "tests" / "launcher_step.py"
 
@@ -81,6 +80,7 @@ def test_deepspeed_config_without_deepspeed_is_one_clear_error():
         check_launchable(LauncherConfig(kind="accelerate", config_file="configs/accelerate/zero2.yaml"))
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
     script = tmp_path / "fails.py"
     # One rank fails: two failing ranks interleave their output lines in the shared log.
@@ -96,6 +96,7 @@ def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
 # --- the GPU check script -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a subprocess
 def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
     script = ROOT / "bench" / "gpu_check.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)  # the whole script parses
@@ -113,33 +114,20 @@ def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
 
 
 @pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
-def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(tmp_path):
+def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(launched_steps):
     """One process-supervised GRPO step on the same 12 completions: 1 process x 12 rows, 2 processes x 6 rows;
     then one hybrid-mode step in the same processes (a fresh trainer from the same saved policy).
 
-    Sampling is replaced by a fixed completion table (see tests/launcher_step.py): sampled completions follow
+    Sampling is replaced by a fixed completion table (see tests/launcher_step.py; conftest.py's `launched_steps` runs both): sampled completions follow
     each process's random stream and cannot match. With 3 groups of 4 over 2 x 6 rows the middle group
     straddles the processes, so a missing gather (normalising a group's steps per process: refused, a
     process then holds half a group) or a wrong slice (a process keeping another's rows: 18 of 18 checked
     values off by up to 1.46 when tried) changes the advantages, hence the loss and the gradient. Hybrid mode
     also adds TRL's outcome advantages, which each process holds for its own rows only.
     """
-    policy_and_rms(tmp_path)  # mini_config's policy size, a PRM with a seeded head
-    one, two = tmp_path / "one.json", tmp_path / "two.json"
     modes = ["process", "hybrid"]
-    launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
-
-    def step_args(out, rows: str) -> list[str]:
-        return [str(STEP_SCRIPT), str(tmp_path), str(out), rows, ",".join(modes)]
-
-    # Both at once: the 1-process run is plain Python, no torch.distributed (what `launcher: local` runs).
-    single = subprocess.Popen([sys.executable, *step_args(one, "12")], env=child_env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    run_logged(launch_command(launcher, step_args(two, "6")), tmp_path / "two.log", child_env(), "the 2-process step")
-    _, err = single.communicate(timeout=300)
-    assert single.returncode == 0, err[-3000:]
-    ones, twos = json.loads(one.read_text()), json.loads(two.read_text())
-    assert set(ones) == set(twos) == set(modes)
+    ones, twos = launched_steps[1], launched_steps[2]
+    assert set(ones) == set(modes) and set(twos) == {*modes, "rm"}  # the 2 processes also took test_rm_scaling's step
     for mode in modes:
         _assert_same_step(ones[mode], twos[mode], mode)
 
@@ -171,14 +159,13 @@ def _assert_same_step(a: dict, b: dict, mode: str) -> None:
 # --- the phases through the pipeline ---------------------------------------------------------------------
 
 
-def _run_with_round0(tmp_path, **sections):
+def _run_with_round0(tmp_path, mini_models, **sections):
     """A run directory whose round 0 is recorded done with a built policy and PRM (no SFT, no collection)."""
     from pipeline.rounds import open_run
 
     cfg = config_from_dict(mini_config(tmp_path, launcher={"kind": "accelerate", "config_file": CPU_2PROC},
                                        **sections))
-    models = policy_and_rms(tmp_path / "models")
-    policy, prm = models / "policy", models / "prm"
+    policy, prm = mini_models / "policy", mini_models / "prm"
     manifest = open_run(cfg)
     manifest.record(0, "policy", {"path": str(policy), "metrics": {}})
     manifest.record(0, "reward_model", {"paths": {"prm": str(prm)}, "metrics": {}})
@@ -186,7 +173,8 @@ def _run_with_round0(tmp_path, **sections):
 
 
 @pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
-def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_run(tmp_path, mlflow_tmp, monkeypatch):
+def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_run(tmp_path, mlflow_tmp, monkeypatch,
+                                                                                     mini_models):
     import mlflow
 
     from pipeline.phases import run_phase
@@ -194,7 +182,7 @@ def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_r
 
     monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
     # 2 processes x 4 rows: one group of 4 per process, 2 steps.
-    cfg, start, prm = _run_with_round0(tmp_path, grpo={"per_device_train_batch_size": 4, "max_steps": 2},
+    cfg, start, prm = _run_with_round0(tmp_path, mini_models, grpo={"per_device_train_batch_size": 4, "max_steps": 2},
                                        reward_model={"kinds": ["prm"]}, tracking={"tracking_uri": mlflow_tmp})
     out = run_phase(cfg, 1, "policy", policy=str(start), reward_models={"prm": str(prm)})
 
@@ -219,7 +207,8 @@ def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_r
 
 
 @pytest.mark.slow
-def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch):
+def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch,
+                                                                          mini_models):
     import mlflow
 
     from pipeline.phases import run_phase
@@ -227,7 +216,7 @@ def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_
     from pipeline.rundir import Manifest, RunDir
 
     monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
-    cfg, policy, prm = _run_with_round0(tmp_path, reward_model={"kinds": ["prm", "orm"], "holdout_fraction": 0.25},
+    cfg, policy, prm = _run_with_round0(tmp_path, mini_models, reward_model={"kinds": ["prm", "orm"], "holdout_fraction": 0.25},
                                         tracking={"tracking_uri": mlflow_tmp, "register_models": False})
     rows = [
         {"round": 1, "policy": str(policy), "prompt_id": f"p{i // 2}", "prompt": f"{i}+1=?\n", "sample_index": i % 2,

@@ -1,9 +1,9 @@
 """`igrpo deploy` and `igrpo serve` against a real Prefect server and a process worker, as an operator runs them.
 
-A module-scoped `prefect server start` on a free localhost port with a temporary PREFECT_HOME (stopped by its
-own pid at the end); a process work pool and `prefect worker start`. A deployment's run completes with the
-run directory and MLflow structure of `igrpo run`; `prefect flow-run cancel` stops a running one, which
-ends cancelled with its MLflow runs KILLED and its lock released, and the next run resumes it;
+The server is the session's (conftest.py's `prefect_harness`: Prefect's own server app in a process of its own);
+a process work pool and `prefect worker start` with a temporary PREFECT_HOME. A deployment's run completes with
+the run directory and MLflow structure of `igrpo run`; a cancel (what `prefect flow-run cancel` sends) stops a
+running one, which ends cancelled with its MLflow runs KILLED and its lock released, and the next run resumes it;
 `igrpo serve --cron` registers its schedule, read back through the Prefect client.
 """
 
@@ -12,17 +12,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow import MlflowClient
 
+from flows.cli import main
 from pipeline.loading import config_from_dict
 from pipeline.rundir import phase_key, read_json
 from tests.helpers import assert_complete_run, child_env, mini_config
@@ -33,12 +32,6 @@ PREFECT = [sys.executable, "-m", "prefect"]
 IGRPO = [sys.executable, "-m", "flows.cli"]
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait(predicate, timeout: float, what: str, log: Path | None = None):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -47,14 +40,6 @@ def _wait(predicate, timeout: float, what: str, log: Path | None = None):
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
                          + (f":\n{log.read_text(errors='replace')[-3000:]}" if log and log.exists() else ""))
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.read().strip() == b"true"
-    except OSError:
-        return False
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -70,22 +55,13 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A real Prefect server; yields the environment that points commands at it."""
-    home = tmp_path_factory.mktemp("prefect-server")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = child_env(PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                    PREFECT_UI_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="1")
-    log = home / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait(lambda: _healthy(url), 180, "prefect server start", log)
-        yield env
-    finally:
-        _stop(proc)
+def server(tmp_path_factory, prefect_harness):
+    """The environment that points commands at the session's Prefect server, from a Prefect home of their own."""
+    from prefect.settings import PREFECT_API_URL
+
+    return child_env(PREFECT_HOME=str(tmp_path_factory.mktemp("prefect-home")), PREFECT_API_URL=PREFECT_API_URL.value(),
+                     PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1",
+                     PREFECT_WORKER_PREFETCH_SECONDS="1")
 
 
 @contextlib.contextmanager
@@ -97,30 +73,28 @@ def _client(env):
         yield c
 
 
-def _cli(cmd: list[str], env, tmp_path) -> str:
-    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{cmd}: rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
 def _state(env, flow_run_id) -> str:
     with _client(env) as c:
         return c.read_flow_run(flow_run_id).state.type.value
 
 
 def test_deploy_to_a_worker_run_cancel_and_resume(tmp_path, server):
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Cancelling
+
     data = mini_config(tmp_path, run={"rounds": 1},
                        bootstrap={"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 8,
                                                "per_device_train_batch_size": 32}})
     cfg = config_from_dict(data)
     (tmp_path / "mini.yaml").write_text(yaml.safe_dump(data))
-    _cli([*PREFECT, "work-pool", "create", "cpu", "--type", "process"], server, tmp_path)
+    with _client(server) as c:  # what `prefect work-pool create cpu --type process` does
+        c.create_work_pool(WorkPoolCreate(name="cpu", type="process"))
     worker_log = tmp_path / "worker.log"
     with open(worker_log, "wb") as out:
         worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "cpu"], env=server, cwd=tmp_path,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _cli([*IGRPO, "deploy", "mini.yaml", "--pool", "cpu", "--name", "mini-worker"], server, tmp_path)
+        assert main(["deploy", "mini.yaml", "--pool", "cpu", "--name", "mini-worker"]) == 0  # in-process, as it exits
         with _client(server) as c:
             deployment = c.read_deployment_by_name("iterative-rl/mini-worker")
             first = c.create_flow_run_from_deployment(deployment.id).id
@@ -134,7 +108,8 @@ def test_deploy_to_a_worker_run_cancel_and_resume(tmp_path, server):
 
         _wait(in_sft, 240, "the worker's run to reach SFT", worker_log)
         time.sleep(1.0)
-        _cli([*PREFECT, "flow-run", "cancel", str(first)], server, tmp_path)
+        with _client(server) as c:  # what `prefect flow-run cancel` does
+            c.set_flow_run_state(first, Cancelling())
         _wait(lambda: _state(server, first) == "CANCELLED", 60, "the cancelled run to stop", worker_log)
         _wait(lambda: not (cfg.run_dir / ".lock").exists(), 30, "the lock to be released", worker_log)
         m = read_json(manifest)

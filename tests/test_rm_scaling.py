@@ -9,26 +9,15 @@ multi-GPU recipe). Every run here is compared with a plain loop: the mean BCE ov
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from models import load_reward_model
-from pipeline.config import LauncherConfig
-from pipeline.launch import launch_command, run_logged
 from pipeline.rm_kinds.orm import orm_examples
 from pipeline.rm_kinds.prm import prm_examples
-from tests.helpers import CPU_2PROC, ROOT, child_env, policy_and_rms
-from tests.rm_step import ROWS, train_one_step
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory) -> Path:
-    """A policy of mini_config's size and a PRM and an ORM on its backbone, seeded heads, head dropout off
-    (deterministic steps; the PRM's token-classification head defaults to dropout 0.1)."""
-    return policy_and_rms(tmp_path_factory.mktemp("rm-scaling"), kinds=("prm", "orm"), dropout_off=True)
+from tests.launcher_step import ROWS, train_one_step
 
 
 def reference_step(models_dir: Path, kind: str) -> tuple[float, torch.Tensor]:
@@ -49,8 +38,8 @@ def reference_step(models_dir: Path, kind: str) -> tuple[float, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def reference(models_dir) -> dict[str, tuple[float, torch.Tensor]]:
-    return {kind: reference_step(models_dir, kind) for kind in ("prm", "orm")}
+def reference(mini_models) -> dict[str, tuple[float, torch.Tensor]]:
+    return {kind: reference_step(mini_models, kind) for kind in ("prm", "orm")}
 
 
 def test_the_rows_make_micro_batch_means_differ_from_the_step_mean():
@@ -62,7 +51,7 @@ def test_the_rows_make_micro_batch_means_differ_from_the_step_mean():
 
 
 @pytest.mark.parametrize("kind", ["prm", "orm"])
-def test_gradient_accumulation_gives_the_plain_mean_loss_and_gradient(models_dir, reference, kind):
+def test_gradient_accumulation_gives_the_plain_mean_loss_and_gradient(mini_models, reference, kind):
     """One step over the 8 rows as 1 micro-batch of 8 and as 4 accumulated micro-batches of 2.
 
     Before the fix: accumulation 4 gave a logged loss about 4x and a gradient norm about 4x the
@@ -71,26 +60,22 @@ def test_gradient_accumulation_gives_the_plain_mean_loss_and_gradient(models_dir
     """
     ref_loss, ref_grad = reference[kind]
     for batch, accum in ((8, 1), (2, 4)):
-        probe = train_one_step(models_dir, kind, batch, accum)
+        probe = train_one_step(mini_models, kind, batch, accum)
         assert probe.loss == pytest.approx(ref_loss, rel=1e-6), (batch, accum)
         torch.testing.assert_close(probe.grad, ref_grad, rtol=1e-5, atol=5e-7, msg=f"{kind} {batch}x{accum}")
     assert ref_grad.norm() > 1e-3  # not a trivially zero gradient
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_plain_mean_loss_and_gradient(models_dir, reference, tmp_path):
-    """2 processes x 2 rows x 2 accumulated micro-batches under `accelerate launch` (gloo, CPU), against the plain
-    loop, which 1 process matches (above). Before the fix: loss and gradient about 2 x 2 = 4x the reference
-    (PRM loss 2.750 against 0.688). Measured after: losses within 6e-8, gradient norms within 1.1e-7 relative."""
-    out = tmp_path / "two.json"
-    launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
-    cmd = launch_command(launcher, [str(ROOT / "tests" / "rm_step.py"), str(models_dir), str(out), "2", "2"])
-    run_logged(cmd, tmp_path / "two.log", child_env(), "the 2-process RM step")
-    two = json.loads(out.read_text())
+def test_two_processes_give_the_plain_mean_loss_and_gradient(reference, launched_steps):
+    """2 processes x 2 rows x 2 accumulated micro-batches under `accelerate launch` (gloo, CPU; conftest.py's
+    `launched_steps`), against the plain loop, which 1 process matches (above). Before the fix: loss and gradient
+    about 2 x 2 = 4x the reference (PRM loss 2.750 against 0.688). Measured after: losses within 6e-8, gradient
+    norms within 1.1e-7 relative."""
+    two = launched_steps[2]["rm"]
     assert two["processes"] == 2
     for kind in ("prm", "orm"):
         ref_loss, ref_grad = reference[kind]
         assert two[kind]["loss"] == pytest.approx(ref_loss, rel=1e-6), kind
         assert two[kind]["grad_norm"] == pytest.approx(ref_grad.norm().item(), rel=1e-6), kind
         torch.testing.assert_close(torch.tensor(two[kind]["grad_sample"]), ref_grad[::37], rtol=1e-5, atol=5e-7)
-

@@ -1,11 +1,12 @@
 """SIGINT and SIGTERM stop `igrpo run` within seconds at any phase, and a SIGKILL anywhere leaves a run that
 resumes: to the same figures, with nothing lost, redone or doubled.
 
-The fast tests drive `flows.signals.stop_on_signals` in a small subprocess (a cleanup that finishes, one that
-hangs, a second signal) and the windows a signal can hit in-process; the slow one stops one real `igrpo run`
-again and again (tests/helpers.py's `stop_run`: a subprocess of its own session, its process group killed after
-it): signalled in SFT, collection, RM training and GRPO as a terminal (Ctrl-C to the whole process group),
-`timeout` and systemd do, then SIGKILLed inside each phase of round 1, each resume stopped one phase further.
+Small subprocesses drive `flows.signals.stop_on_signals` (a cleanup that finishes, one that hangs, a second
+signal); in-process tests hit the windows a signal can land in (an MLflow read, a phase run just created, an
+exception swallowed); one chain stops a real `igrpo run` again and again (tests/helpers.py's `stop_run`: a
+subprocess of its own session, its process group killed after it): signalled in SFT, collection, RM training and
+GRPO as a terminal (Ctrl-C to the whole process group), `timeout` and systemd do, then SIGKILLed inside each
+phase of round 1, each resume stopped one phase further.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from mlflow import MlflowClient
 
 from pipeline.loading import config_from_dict
 from pipeline.rundir import phase_key, read_json
-from tests.helpers import NAME, assert_complete_run, child_env, mini_config, mlflow_structure, stop_run
+from tests.helpers import NAME, SIZES, assert_complete_run, child_env, mini_config, mlflow_structure, stop_run
 
 # A body that works until signalled; its cleanup then finishes ("clean") or never ends ("hang").
 STOPPABLE = """
@@ -61,6 +62,7 @@ def _stoppable(tmp_path, mode: str, grace: float) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_unwinds_the_body(tmp_path, signum):
     proc = _stoppable(tmp_path, "clean", grace=30)
@@ -70,6 +72,7 @@ def test_a_signal_unwinds_the_body(tmp_path, signum):
     assert f"igrpo: {signal.Signals(signum).name}: stopping" in proc.stderr.read()
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("mode", ["swallowed", "swallowed-in-flow"])
 def test_a_signal_swallowed_by_a_weakref_callback_still_stops(tmp_path, mode):
     """Seen in GRPO: the KeyboardInterrupt landed in a WeakSet callback, Python printed and dropped it, and the run
@@ -81,6 +84,7 @@ def test_a_signal_swallowed_by_a_weakref_callback_still_stops(tmp_path, mode):
     assert "Traceback" not in proc.stderr.read()
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_cleanup_that_hangs_is_cut_after_the_grace(tmp_path):
     proc = _stoppable(tmp_path, "hang", grace=1.0)
     start = time.monotonic()
@@ -91,6 +95,7 @@ def test_a_cleanup_that_hangs_is_cut_after_the_grace(tmp_path):
     assert "cleanup still running after 1 s" in proc.stderr.read()
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_second_ctrl_c_exits_at_once(tmp_path):
     proc = _stoppable(tmp_path, "hang", grace=300)
     proc.send_signal(signal.SIGINT)
@@ -101,6 +106,13 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     assert time.monotonic() - start < 10  # not the 300 s grace
     assert (tmp_path / "tidied").exists()
     assert "a second signal" in proc.stderr.read()
+
+
+def _round_zero_config(tmp_path):
+    """mini_config with round 0's training as cheap as a real one gets (the tests below run it up to a signal):
+    the smallest policy, one SFT step."""
+    return config_from_dict(mini_config(tmp_path, policy={"tiny": dict(SIZES["tiny"])},
+                                        bootstrap={"sft_args": {"max_steps": 1, "per_device_train_batch_size": 8}}))
 
 
 def _terminated():
@@ -255,7 +267,7 @@ def test_a_signal_right_after_a_phase_run_is_created_still_ends_it_killed(tmp_pa
     manifest records that had not finished ends KILLED, none is left RUNNING."""
     from pipeline import rounds, tracking
 
-    cfg = config_from_dict(mini_config(tmp_path))
+    cfg = _round_zero_config(tmp_path)
     rounds.open_run(cfg)
     if where == "reopen":
         real = tracking.reopen
@@ -296,7 +308,7 @@ def test_a_signal_whose_exception_is_swallowed_stops_the_run_at_the_phase_end(tm
     from pipeline import phases, rounds
     from pipeline.rundir import STOP
 
-    cfg = config_from_dict(mini_config(tmp_path))
+    cfg = _round_zero_config(tmp_path)
     real = phases.execute
 
     def swallowing(cfg, name, runs, kwargs):
