@@ -19,7 +19,7 @@ What it does, all under one temp folder (removed at the end unless --keep):
    [0, T] (`random.Random(--seed)`), then rerun; each rerun is SIGKILLed again at a fresh moment if it is still
    running then, at most --max-kills-per-run kills per run, and finally rerun to completion.
    --sigterms times: the same, but sent SIGTERM once (what `timeout`, systemd and Kubernetes send): it must exit
-   within 30 s with rc 143 and release its lock (README, "Stopping"), then is rerun to completion.
+   within 30 s with rc 143 and release its lock (docs/tracking.md, stopping), then is rerun to completion.
 4. Every finished run is checked against the reference: the same shards (every column but `policy`, which holds a
    path; `policy` must name the run's own checkpoint), the same checkpoints (policy, reward_model/prm,
    reward_model/orm of every round; tensors compared with torch.equal, or the max abs difference when CPU training
@@ -62,7 +62,7 @@ from tests.conftest import mini_config  # noqa: E402
 
 CHECKPOINTS = ("policy", "reward_model/prm", "reward_model/orm")
 MAX_KILLS = 20
-STOP_S = 30  # a SIGTERMed run must have exited by then (README, "Stopping")
+STOP_S = 30  # a SIGTERMed run must have exited by then (docs/tracking.md, stopping)
 TIMING = re.compile(r"(_per_s|seconds|runtime)$")  # metrics that are timings, not results
 
 
