@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.problems import problem_set_from_config
-from pipeline.rundir import Manifest, RunDir, phase_key, read_json, stop_if_told
+from pipeline.rundir import Manifest, RunDir, phase_key, read_json, remove_scratch, stop_if_told
 
 log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
 
@@ -250,19 +250,24 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
     runs = phase_runs(manifest, cfg, round_index, phase)
     start = time.monotonic()
     kwargs = {"round_index": round_index, **inputs}
-    with tracking.scope(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
-        if phase.launchable and cfg.launcher.kind == "accelerate" and phase.body(round_index) is phase.run:
-            from pipeline.launch import launch_phase
+    try:
+        with tracking.scope(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
+            if phase.launchable and cfg.launcher.kind == "accelerate" and phase.body(round_index) is phase.run:
+                from pipeline.launch import launch_phase
 
-            work = RunDir(cfg.run_dir).launch(round_index, name)
-            result = PhaseResult.from_manifest(launch_phase(cfg, name, kwargs, work, dataclasses.asdict(runs)))
-        else:
-            result = execute(cfg, name, runs, kwargs)
-        stop_if_told()  # told to stop while it ran, and it finished all the same: not recorded, a resume redoes it
-        if phase.registers:
-            result = dataclasses.replace(result, versions=_register(cfg, runs, round_index, phase.registers(cfg, result)))
-        tracking.log_metrics(runs.run_id, result.metrics)
-        tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
+                work = RunDir(cfg.run_dir).launch(round_index, name)
+                result = PhaseResult.from_manifest(launch_phase(cfg, name, kwargs, work, dataclasses.asdict(runs)))
+            else:
+                result = execute(cfg, name, runs, kwargs)
+            stop_if_told()  # told to stop while it ran and it finished all the same: not recorded, a resume redoes it
+            if phase.registers:
+                result = dataclasses.replace(result, versions=_register(cfg, runs, round_index,
+                                                                        phase.registers(cfg, result)))
+            tracking.log_metrics(runs.run_id, result.metrics)
+            tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
+    except BaseException:
+        remove_scratch(RunDir(cfg.run_dir).round(round_index))  # nothing half-written left, wherever it stopped
+        raise
     manifest = Manifest.load(cfg.run_dir)
     manifest.record(round_index, name, result.to_manifest())
     log.info("%s", phase_line(round_index, name, time.monotonic() - start, result.metrics))

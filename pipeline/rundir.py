@@ -129,6 +129,14 @@ def scratch_dir(out_dir: str | os.PathLike) -> Path:
     return Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
 
 
+def remove_scratch(folder: str | os.PathLike) -> None:
+    """Remove every trainer's scratch output_dir (`scratch_dir`) under `folder`, for a phase that stops or fails:
+    a Trainer makes its output_dir as it is built, before `train_in_scratch` guards it, so a stop landing there
+    (or a write after that guard) would leave one behind."""
+    for path in Path(folder).rglob(".trainer-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def train_in_scratch(trainer: Trainer) -> None:
     """`trainer.train()`, then its output_dir (`scratch_dir`) removed.
 

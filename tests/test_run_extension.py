@@ -86,3 +86,24 @@ def test_a_resume_names_a_damaged_recorded_output_before_any_work(tmp_path, caps
     assert rc == 2 and err.startswith(f"igrpo: error: {recorded(run)}: recorded as the output"), err
     assert expected in err and "(and the phases after it) from the phases of" in err and "Traceback" not in err
     assert sorted(p.name for p in run.root.rglob("*")) == before  # nothing written, nothing started
+
+
+def test_a_phase_stopped_anywhere_leaves_no_trainer_scratch(tmp_path, mlflow_tmp, monkeypatch):
+    # Seen in the stop-and-resume chain: a SIGTERM in round 0's reward_model left round-000/reward_model/.trainer-prm
+    # (a Trainer makes its output_dir as it is built, before train_in_scratch's guard).
+    from pipeline import phases
+    from pipeline.rounds import open_run
+    from pipeline.rundir import RunDir
+
+    cfg = config_from_dict(mini_config(tmp_path, tracking={"tracking_uri": mlflow_tmp}), check_trl=False)
+    open_run(cfg).record(0, "policy", {"metrics": {}, "path": "p0"})
+    scratch = RunDir(cfg.run_dir).reward_model(0, "prm").parent / ".trainer-prm"
+
+    def built_then_stopped(*args, **kwargs):
+        scratch.mkdir(parents=True)  # as Trainer.__init__ does
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(phases, "execute", built_then_stopped)
+    with pytest.raises(KeyboardInterrupt):
+        phases.run_phase(cfg, 0, "reward_model", policy="p0", previous=None)
+    assert not scratch.exists() and not Manifest.load(cfg.run_dir).done(0, "reward_model")
