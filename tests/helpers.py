@@ -6,6 +6,7 @@ stopped by a signal at a chosen point), and the check of a complete run."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -206,9 +207,11 @@ def rollout_order(ids, rows: list[list[int]], pad: int) -> list[int]:
 # --- igrpo run in-process: user errors --------------------------------------------------------------------
 
 
+@functools.cache
 def load_bench(name: str):
-    """The script bench/<name>.py as a module, the session's environment and sys.path left as they were (the
-    scripts quiet tqdm and logging for themselves and put bench/ on the path)."""
+    """The script bench/<name>.py as a module, loaded once per session (tests change its attributes through
+    monkeypatch only), the session's environment and sys.path left as they were (the scripts quiet tqdm and
+    logging for themselves and put bench/ on the path)."""
     import importlib.util
 
     env, path = dict(os.environ), list(sys.path)
