@@ -1,5 +1,5 @@
 """What the tests share, in one module (test modules never import each other): the model sizes and the mini run
-config, the environment of every subprocess, builders of rows, models and designed GRPO steps, and the drivers of
+config, the environment of every subprocess, builders of shard rows and of designed GRPO steps, and the drivers of
 whole runs: `igrpo` in-process (a user error's exit code and message) or in a subprocess (as a user runs it, or
 stopped by a signal at a chosen point), and the check of a complete run."""
 
@@ -123,25 +123,6 @@ def make_row(round_: int = 0, index: int = 0, **overrides) -> dict:
     }
     row.update(overrides)
     return row
-
-
-def policy_and_rms(where: Path, size: str = "mini", kinds: tuple[str, ...] = ("prm",), dropout_off: bool = False):
-    """An untrained policy of SIZES[size] (seed 0) at where/policy and an RM of each kind on its backbone beside
-    it (where/prm, where/orm), each head seeded (torch seed 1); `dropout_off`: the PRM's head without its 0.1
-    dropout, so a training step is deterministic. Returns `where`."""
-    import torch
-
-    from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
-
-    tok = char_tokenizer()
-    policy = save_model(tiny_policy(tok, **SIZES[size], seed=0), tok, where / "policy")
-    for kind in kinds:
-        torch.manual_seed(1)
-        model, rm_tok = reward_model_from_policy(str(policy), kind)
-        if dropout_off:
-            model.config.classifier_dropout = 0.0
-        save_model(model, rm_tok, where / kind)
-    return where
 
 
 # --- one real GRPO step on designed completions -------------------------------------------------------------

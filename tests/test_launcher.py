@@ -19,9 +19,6 @@ from pipeline.config import ConfigError, LauncherConfig, config_from_dict
 from pipeline.launch import LaunchError, check_launchable, launch_command, run_logged
 from tests.helpers import CPU_2PROC, ROOT, child_env, mini_config
 
-STEP_SCRIPT = ROOT / "tests" / "launcher_step.py"
-
-
 # --- config ------------------------------------------------------------------------------------------
 
 
