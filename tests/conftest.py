@@ -1,5 +1,6 @@
-"""Shared fixtures: one saved tiny policy (and RMs on it) per session, one Prefect test harness per session, one
-finished mini run per session, a temp MLflow per test. Plain functions and constants: tests/helpers.py."""
+"""Shared fixtures, each made once per session unless said: a saved tiny policy (and RMs on it), mini-sized models
+and the steps launched on them (1 and 2 processes), one Prefect test harness, one finished mini run; a temp MLflow
+per test. Plain functions and constants: tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config, policy_and_rms  # noqa: E402  (after the environment above, as every import of the suite)
+# After the environment above, as every import of the suite.
+from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +50,18 @@ def mini_models(tmp_path_factory) -> Path:
     """A policy of mini_config's size (seed 0) with a PRM and an ORM on its backbone (seeded heads, head dropout
     off: deterministic steps), saved once for the launched and the in-process steps of test_launcher.py and
     test_rm_scaling.py: read them; what a test writes beside them goes under a name of its own."""
-    return policy_and_rms(tmp_path_factory.mktemp("mini-models"), kinds=("prm", "orm"), dropout_off=True)
+    import torch
+
+    from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
+
+    where, tok = tmp_path_factory.mktemp("mini-models"), char_tokenizer()
+    policy = save_model(tiny_policy(tok, **SIZES["mini"], seed=0), tok, where / "policy")
+    for kind in ("prm", "orm"):
+        torch.manual_seed(1)
+        model, rm_tok = reward_model_from_policy(str(policy), kind)
+        model.config.classifier_dropout = 0.0  # the PRM's token-classification head defaults to dropout 0.1
+        save_model(model, rm_tok, where / kind)
+    return where
 
 
 @pytest.fixture(scope="session")

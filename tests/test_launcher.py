@@ -20,9 +20,6 @@ from pipeline.launch import LaunchError, check_launchable, launch_command, run_l
 from pipeline.loading import config_from_dict
 from tests.helpers import CPU_2PROC, ROOT, child_env, mini_config
 
-STEP_SCRIPT = ROOT / "tests" / "launcher_step.py"
-
-
 # --- config ------------------------------------------------------------------------------------------
 
 
