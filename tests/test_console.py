@@ -71,7 +71,7 @@ def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(mini_run):
 @pytest.mark.slow
 def test_a_failing_phase_still_shows_its_error(tmp_path, prefect_harness):
     """The quieting must not hide a real error: a phase that raises prints it (and where), the run stops. On the
-    session's Prefect server (the test above starts the run's own)."""
+    session's Prefect server (the session's mini run starts the run's own)."""
     from prefect.settings import PREFECT_API_URL
 
     config = tmp_path / "mini.yaml"

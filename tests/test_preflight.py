@@ -68,11 +68,17 @@ def test_gsm8k_test_question_in_train_names_it(tmp_path, capsys):
     assert_user_error(tmp_path, rc, err, "1 test question(s) also appear in train", "gsm8k-test-00001")
 
 
-@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
 def test_gsm8k_from_an_unreachable_hub_names_the_way_to_local_files(tmp_path, capsys, monkeypatch):
     # Offline (and a name no hub holds, should a network be there): one error in preflight, nothing written.
+    # HF_HUB_OFFLINE=1 as a user's shell leaves it: the constants huggingface_hub and datasets read at import (here
+    # they are imported already; left online, datasets retried the unreachable hub for 23 s).
+    import datasets.config
+    import huggingface_hub.constants as hub
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     data = mini_config(tmp_path, problems={"kind": "gsm8k", "gsm8k": {"hub_name": "nobody-xyz/no-such-gsm8k"}})
     rc, err = run_cli(tmp_path, capsys, data)
     assert_user_error(tmp_path, rc, err, "problems.gsm8k.hub_name 'nobody-xyz/no-such-gsm8k': cannot load it",
