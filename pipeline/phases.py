@@ -197,9 +197,10 @@ def register_phase(phase: Phase, after: str | None = None) -> None:
     PHASES.update({name: table[name] for name in names})
 
 
-def recorded(cfg: PipelineConfig) -> Done:
-    """`done(r, name)`: what the manifest records of phase `name` of round r (None before round 0)."""
-    manifest = Manifest.load(cfg.run_dir)
+def recorded(cfg: PipelineConfig, manifest: Manifest | None = None) -> Done:
+    """`done(r, name)`: what the manifest (`manifest`, else the run directory's) records of phase `name` of round r
+    (None before round 0)."""
+    manifest = manifest or Manifest.load(cfg.run_dir)
     return lambda r, name: PhaseResult.from_manifest(manifest.output(r, name)) if r >= 0 else None
 
 
@@ -246,7 +247,7 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
         return PhaseResult.from_manifest(manifest.output(round_index, name))
     stop_if_told()
     phase = PHASES[name]
-    inputs = inputs or phase.inputs(recorded(cfg), round_index)
+    inputs = inputs or phase.inputs(recorded(cfg, manifest), round_index)  # the manifest read above, not again
     runs = phase_runs(manifest, cfg, round_index, phase)
     start = time.monotonic()
     kwargs = {"round_index": round_index, **inputs}
