@@ -46,7 +46,7 @@ def test_quickstart_loads_with_trl_checks():
     cfg = load_config(QUICKSTART)
     assert isinstance(cfg, PipelineConfig)
     # Values written in the file, not the defaults: run.rounds defaults to 3 as well, so check others too.
-    assert cfg.run.name == "quickstart" and cfg.run.rounds == 3
+    assert cfg.run.name == "quickstart" and cfg.run.rounds == 2
     assert cfg.supervision.mode == "process"
     assert cfg.grpo["num_generations"] == 8
     # "1.0e-5" must arrive as a float (plain YAML 1.1 would give the string '1.0e-5', which TRL would take).

@@ -530,6 +530,38 @@ def test_sft_noise_slips_an_exact_share_of_sft_solutions_and_nothing_else():
         EmbeddedArithmetic(num_train=2, num_test=1, sft_noise=1.5)
 
 
+
+def test_middle_slips_put_one_wrong_step_mid_chain_carried_on_to_a_wrong_answer():
+    """sft_noise_at: [answer, middle] shares the noisy solutions between the slips; a middle slip is one wrong step
+    (gold labels 1 before it, 0 from it on), later steps computed right from the slipped value, a wrong answer."""
+    from pipeline.problems.arithmetic import chain_values, middle_slip, parse_prompt, step_labels
+
+    assert middle_slip("7+5=12\n12*3=36\n36-4=32\nAnswer: 32", [("+", 5), ("*", 3), ("-", 4)]) == (
+        "7+5=12\n12*3=37\n37-4=33\nAnswer: 33")
+    clean = EmbeddedArithmetic(seed=3, num_train=200, num_test=20, min_steps=5, max_steps=6)
+    noisy = EmbeddedArithmetic(seed=3, num_train=200, num_test=20, min_steps=5, max_steps=6, sft_noise=0.2,
+                               sft_noise_at=["answer", "middle"])
+    assert noisy.test == clean.test
+    slipped = [(c, n) for c, n in zip(clean.train, noisy.train) if c.solution != n.solution]
+    assert len(slipped) == 40
+    middles = [n for c, n in slipped if c.solution.split("\n")[-2] != n.solution.split("\n")[-2]]
+    assert len(middles) == 20  # in turn: half of each
+    for n in middles:
+        start, ops = parse_prompt(n.prompt)
+        steps = n.solution.split("\n")
+        k = len(ops) // 2
+        assert step_labels(steps, start, ops) == [1] * k + [0] * (len(ops) + 1 - k)
+        assert int(steps[k].split("=")[1]) == chain_values(start, ops)[k + 1] + 1
+        for line in steps[k + 1 : len(ops)]:  # each later step is right arithmetic on the slipped value
+            left, result = line.split("=")
+            assert eval(left) == int(result)
+        assert not noisy.is_correct(n.solution, n)
+    # The default is the answer slip alone, as before the option: the same solutions.
+    assert EmbeddedArithmetic(seed=3, num_train=200, num_test=20, sft_noise=0.25).train == EmbeddedArithmetic(
+        seed=3, num_train=200, num_test=20, sft_noise=0.25, sft_noise_at=["answer"]).train
+    with pytest.raises(ValueError, match="sft_noise_at"):
+        EmbeddedArithmetic(num_train=2, num_test=1, sft_noise_at=["start"])
+
 def test_round_noise_fresh_problems_are_in_neither_split(tmp_path):
     """bench/round_noise.py --fresh: a smaller SE from problems no policy of the run has seen (SFT noise on)."""
     from pipeline.loading import config_from_dict

@@ -117,6 +117,32 @@ def answer_slip(solution: str) -> str:
     return "\n".join(lines[:-1] + [f"Answer: {first}"])
 
 
+def middle_slip(solution: str, ops: Sequence[Operation]) -> str:
+    """A solution whose middle step (operation ``len(ops) // 2``) writes a result one too high, and whose later
+    steps and Answer line carry the slipped value on, each computed right from it: one wrong step in the middle of
+    the chain, a wrong answer, and no sign of the slip at the end. An outcome reward says only that something
+    went wrong; a step reward says where.
+
+    >>> print(middle_slip("7+5=12\\n12*3=36\\n36-4=32\\nAnswer: 32", [("+", 5), ("*", 3), ("-", 4)]))
+    7+5=12
+    12*3=37
+    37-4=33
+    Answer: 33
+    """
+    lines = solution.split("\n")
+    k = len(ops) // 2
+    value = int(_STEP_RE.fullmatch(lines[k]).group(1))
+    for j in range(k, len(ops)):
+        op, b = ops[j]
+        result = apply_operation(value, op, b) + (j == k)  # the slip: one too many, once
+        lines[j] = f"{value}{op}{b}={result}"
+        value = result
+    return "\n".join(lines[: len(ops)] + [f"Answer: {value}"])
+
+
+SLIPS = ("answer", "middle")  # where a noisy SFT solution goes wrong (`sft_noise_at`)
+
+
 def parse_int_answer(value: str | None) -> int | None:
     """The integer an ``Answer:`` value states, or None if it is not exactly one integer.
 
@@ -253,10 +279,12 @@ class EmbeddedArithmetic(ProblemSet):
         operand_range: Inclusive range of right operands, >= 0.
         operators: Operators to draw from, a subset of ``("+", "-", "*")``.
         max_value: Every intermediate value stays within [0, max_value].
-        sft_noise: Share of the training problems whose `solution` (the SFT target, nothing else) ends
-            with a slip: the ``Answer:`` line states the FIRST step's result instead of the last. It stands
-            for imperfect SFT data: a habit the bootstrapped policy learns and RL can unlearn. Answers,
-            step labels and the test set are unaffected.
+        sft_noise: Share of the training problems whose `solution` (the SFT target, nothing else) has a
+            slip (`sft_noise_at`). It stands for imperfect SFT data: a habit the bootstrapped policy learns and
+            RL can unlearn. Answers, step labels and the test set are unaffected.
+        sft_noise_at: The slips, the noisy solutions shared among them in turn: ``"answer"``, the ``Answer:``
+            line states the FIRST step's result (`answer_slip`); ``"middle"``, the middle step's result is one
+            too high and carried on (`middle_slip`), a wrong step that only step rewards can locate.
 
     Raises:
         ValueError: naming the argument, for a bad value or when the ranges cannot give
@@ -279,10 +307,13 @@ class EmbeddedArithmetic(ProblemSet):
         operators: Sequence[str] = ("+", "-", "*"),
         max_value: int = 99,
         sft_noise: float = 0.0,
+        sft_noise_at: Sequence[str] = ("answer",),
     ) -> None:
         _check_count("num_train", num_train, 0)
         if not 0 <= sft_noise <= 1:
             raise ValueError(f"sft_noise must be between 0 and 1, got {sft_noise!r}")
+        if isinstance(sft_noise_at, str) or not sft_noise_at or not set(sft_noise_at) <= set(SLIPS):
+            raise ValueError(f"sft_noise_at must be a non-empty list of {SLIPS}, got {sft_noise_at!r}")
         _check_count("num_test", num_test, 0)
         _check_count("min_steps", min_steps, 1)
         _check_count("max_steps", max_steps, 1)
@@ -317,8 +348,11 @@ class EmbeddedArithmetic(ProblemSet):
             eligible = [i for i, p in enumerate(self.train) if answer_slip(p.solution) != p.solution]
             count = min(round(sft_noise * len(self.train)), len(eligible))
             noisy = random.Random(seed + 1).sample(eligible, count)
-            for i in noisy:
-                self.train[i] = dataclasses.replace(self.train[i], solution=answer_slip(self.train[i].solution))
+            for n, i in enumerate(noisy):
+                p = self.train[i]
+                slipped = (answer_slip(p.solution) if sft_noise_at[n % len(sft_noise_at)] == "answer"
+                           else middle_slip(p.solution, parse_prompt(p.prompt)[1]))
+                self.train[i] = dataclasses.replace(p, solution=slipped)
 
     def _distinct_chains(self, rng: random.Random, count: int) -> list[tuple[int, list[Operation]]]:
         """`count` chains with distinct prompts, in draw order."""
@@ -386,8 +420,12 @@ class ArithmeticConfig(ProblemSetConfig):
     operators: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1, description="Operators used.")
     max_value: int = Field(99, ge=1, description="Every intermediate value stays in [0, max_value].")
     sft_noise: float = Field(0.0, ge=0, le=1, description=(
-        "Share of SFT solutions whose Answer line copies the first step's result: imperfect SFT data, "
-        "a habit RL can unlearn (answers, step labels and tests unaffected)."))
+        "Share of SFT solutions with a slip (`sft_noise_at`): imperfect SFT data, a habit RL can unlearn "
+        "(answers, step labels and tests unaffected)."))
+    sft_noise_at: list[Literal[SLIPS]] = Field(["answer"], min_length=1, description=(
+        "Where a noisy SFT solution slips, the noisy ones shared among the listed slips in turn: `answer` (the "
+        "Answer line copies the first step's result), `middle` (the middle step's result is one too high and "
+        "carried on to a wrong answer: a wrong step only step rewards can locate)."))
 
     @model_validator(mode="after")
     def _ordered(self):
