@@ -45,7 +45,6 @@ def error_of(data: dict, check_trl: bool = False) -> str:
 def test_quickstart_loads_with_trl_checks():
     cfg = load_config(QUICKSTART)
     assert isinstance(cfg, PipelineConfig)
-    # Values written in the file, not the defaults: run.rounds defaults to 3 as well, so check others too.
     assert cfg.run.name == "quickstart" and cfg.run.rounds == 2
     assert cfg.supervision.mode == "process"
     assert cfg.grpo["num_generations"] == 8
@@ -54,6 +53,25 @@ def test_quickstart_loads_with_trl_checks():
     assert cfg.bootstrap.sft_args["learning_rate"] == pytest.approx(2e-3)
     assert cfg.policy.tiny.max_position_embeddings == 128
     assert cfg.run_dir == Path("runs") / "quickstart"
+
+
+@pytest.mark.parametrize("path", sorted(set(QUICKSTART.parent.glob("*.yaml")) - {MULTIGPU}), ids=lambda p: p.name)
+def test_every_shipped_config_loads_with_trl_checks(path):  # the multi-GPU one needs vLLM: its own test above
+    cfg = load_config(path)
+    assert cfg.run.name == path.stem
+
+
+def test_long_chains_plants_slips_mid_chain_and_fits_the_tiny_policy():
+    from pipeline.problems import problem_set_from_config
+
+    cfg = load_config(QUICKSTART.parent / "long-chains.yaml")
+    ps = problem_set_from_config(cfg)
+    assert {len(p.prompt.split()) - 1 for p in ps.train} == {5, 6}
+    assert [p for p in ps.train if not ps.is_correct(p.solution, p)]  # the slips are there
+    # The longest prompt and the longest gold solution fit the tiny policy's positions (char-level: 1 token a char).
+    longest = max(len(p.prompt) for p in ps.train + ps.test) + cfg.grpo["max_completion_length"]
+    assert max(len(p.solution) for p in ps.train) <= cfg.grpo["max_completion_length"]
+    assert longest <= cfg.policy.tiny.max_position_embeddings
 
 
 def test_empty_mapping_gives_the_defaults(tmp_path):
