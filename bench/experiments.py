@@ -1,6 +1,6 @@
 """DeepSeekMath's comparisons on the embedded problem set, at fixed budgets, with several seeds each: the runner.
 
-Every arm is a pipeline run (the `iterative-rl` flow on configs/quickstart.yaml plus overrides) in
+Every arm is a pipeline run (the `iterative-rl` flow on configs/experiments.yaml plus overrides) in
 `<runs-dir>/<arm>-s<seed>`, so a restarted command resumes where it stopped; all of them log to one MLflow
 experiment (`iterative-grpo-experiments`), a parent run per arm and seed. Each seed's SFT bootstrap is
 trained once (`<runs-dir>/sft-s<seed>`) and is every arm's round-0 policy, so the arms of a seed differ
@@ -170,7 +170,7 @@ class Experiments:
             [f"tracking.tracking_uri={self.a.tracking_uri}"] if self.a.tracking_uri else [])
 
     def config(self, seed: int, extra: list[str]):
-        return load_config(ROOT / "configs" / "quickstart.yaml", self.base(seed) + extra)
+        return load_config(ROOT / "configs" / "experiments.yaml", self.base(seed) + extra)
 
     def arm_config(self, arm: str, seed: int):
         return self.config(seed, [

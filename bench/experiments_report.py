@@ -234,7 +234,7 @@ def budgets(ex: Experiments) -> str:
     cfg = ex.arm_config("prm", seed)
     g, c, e = cfg.grpo, cfg.collect, cfg.eval
     return (
-        f"Budgets (configs/quickstart.yaml unless listed): {last} RL round(s) after round 0 for every arm; per round "
+        f"Budgets (configs/experiments.yaml unless listed): {last} RL round(s) after round 0 for every arm; per round "
         f"GRPO {g.get('max_steps')} steps of {g.get('per_device_train_batch_size')} completions "
         f"({g.get('num_generations')} per prompt, lr {g.get('learning_rate')}, beta {g.get('beta')}); collection "
         f"{c.prompts_per_round} prompts x {c.samples_per_prompt} samples, N = {c.rollouts_per_step} rollouts per step; "
