@@ -216,7 +216,7 @@ def header_section(ex: Experiments, data: dict, command: str, wall: float | None
         "",
         budgets(ex),
         "",
-        table(["arm", "overrides of the quickstart", "units finished"], [
+        table(["arm", "overrides of configs/experiments.yaml", "units finished"], [
             [f"`{arm}` {LABELS[arm]}", " ".join(f"`{o}`" for o in arm_overrides(arm, a.smoke)) or "-",
              f"{sum(last in m for m in data.get(arm, {}).values())} of {len(seeds)} seeds"] for arm in ARMS]),
         "",
@@ -234,7 +234,8 @@ def budgets(ex: Experiments) -> str:
     cfg = ex.arm_config("prm", seed)
     g, c, e = cfg.grpo, cfg.collect, cfg.eval
     return (
-        f"Budgets (configs/experiments.yaml unless listed): {last} RL round(s) after round 0 for every arm; per round "
+        "Budgets (configs/experiments.yaml, the quickstart's before 66e9624, unless listed): "
+        f"{last} RL round(s) after round 0 for every arm; per round "
         f"GRPO {g.get('max_steps')} steps of {g.get('per_device_train_batch_size')} completions "
         f"({g.get('num_generations')} per prompt, lr {g.get('learning_rate')}, beta {g.get('beta')}); collection "
         f"{c.prompts_per_round} prompts x {c.samples_per_prompt} samples, N = {c.rollouts_per_step} rollouts per step; "
