@@ -192,7 +192,7 @@ def test_an_empty_config_is_refused_saying_how_to_run_the_defaults(tmp_path, cap
 def test_what_the_empty_config_error_suggests_does_run_the_defaults(tmp_path, capsys, text):
     rc, out, err = cli(capsys, "check", str(write(tmp_path, text)))
     assert rc == 0, err
-    assert yaml.safe_load(out)["run"] == {"name": "quickstart", "runs_dir": "runs", "seed": 0, "rounds": 2}
+    assert yaml.safe_load(out)["run"] == {"name": "quickstart", "runs_dir": "runs", "seed": 0, "rounds": 3}
     assert tree(tmp_path) == {"run.yaml"}
 
 
