@@ -301,12 +301,16 @@ def _marker(path: str | os.PathLike) -> dict:
 
 
 def reward_model_layout(path: str | os.PathLike):
-    """The PRM layout (`pipeline.rm_kinds.PrmLayout`) a checkpoint records, or None (an ORM, an older checkpoint,
-    one saved elsewhere)."""
-    from pipeline.rm_kinds import PrmLayout
+    """The PRM layout (`pipeline.rm_kinds.PrmLayout`) a checkpoint records; the value head for a PRM saved here before
+    layouts were recorded (its kind recorded, no layout); None for an ORM or a checkpoint saved elsewhere (a published
+    PRM: its layout is the config's `reward_model.head`)."""
+    from pipeline.rm_kinds import RM_KINDS, PrmLayout
 
-    recorded = _marker(path).get("layout")
-    return PrmLayout.from_json(recorded) if isinstance(recorded, dict) else None
+    marker = _marker(path)
+    if isinstance(marker.get("layout"), dict):
+        return PrmLayout.from_json(marker["layout"])
+    kind = RM_KINDS.get(marker.get("kind"))
+    return PrmLayout() if kind is not None and kind.scores_steps else None
 
 
 def reward_model_kind(path: str | os.PathLike) -> str:

@@ -2,11 +2,12 @@
 plus a replay of earlier shards (DeepSeekMath Algorithm 1: "continuous training").
 
 Each kind trains with transformers' Trainer and `bce_loss` (labels -100 where unlabelled: a PRM's are its step
-ends, an ORM's its one outcome), or with TRL's RewardTrainer where its kind trains on pairs. Round 0 starts from
-the policy's backbone with a new head, later rounds from the previous round's RM. What differs between the kinds
-(examples, scorer, metrics, head) is their table, `pipeline.rm_kinds.RM_KINDS`; `load_scorer` is how every phase
-scores with a checkpoint. Also here: the RM metrics (AUCs), the exploitable RM that tests the hacking monitor, and
-the calibration an RM keeps in its checkpoint.
+ends, an ORM's its one outcome), or with TRL's RewardTrainer where its kind trains on pairs; a PRM in a tag layout
+with its layout's cross-entropy. Round 0 starts from the policy's backbone with a new head (a PRM: or takes
+`reward_model.init` as it is), later rounds from the previous round's RM, in the layout its checkpoint records.
+What differs between the kinds (examples, scorer, metrics, head) is their table, `pipeline.rm_kinds.RM_KINDS`;
+`load_scorer` is how every phase scores with a checkpoint. Also here: the RM metrics (AUCs), the exploitable RM that
+tests the hacking monitor, and the calibration an RM keeps in its checkpoint.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: 
     """
     spec = rm_kind(kind)
     model, tokenizer, _ = load_reward_model(path, expect=kind)
-    # A PRM is read in its checkpoint's layout whatever the config asks (older checkpoints: the value head).
+    # A PRM is read in its checkpoint's layout whatever the config asks (one saved with none: the value head).
     layout = (reward_model_layout(path) or PrmLayout()) if rm_entry(kind).scores_steps else None
     scorer = spec.scorer(model, tokenizer, batch_size, with_layout(rm, layout))
     return ExploitedScorer(scorer, **rm.exploit.model_dump()) if rm.exploit else scorer
@@ -272,6 +273,9 @@ def train_reward_model(
 ) -> Path:
     """Train one RM of `kind` (a key of `pipeline.rm_kinds.RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else a policy's
     backbone: `reward_model.model` or the round's policy, `backbone`).
+
+    A PRM keeps the layout of the RM it starts from (recorded in its checkpoint, else `reward_model.head`'s: a
+    published PRM); afresh, it is built in `reward_model.head`'s layout. The saved checkpoint records it.
 
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
     transformers' Trainer and `bce_loss`.
