@@ -284,3 +284,28 @@ def test_an_orm_as_init_fails_the_preflight(tmp_path, tiny_policy_dir):
     save_model(*reward_model_from_policy(str(tiny_policy_dir), "orm"), tmp_path / "orm", kind="orm")
     cfg = config_from_dict(mini_config(tmp_path, reward_model={"init": str(tmp_path / "orm")}), check_trl=False)
     assert preflight_error(cfg) == f"reward_model.init: {tmp_path / 'orm'} is an ORM, not a PRM (a kind that scores steps)"
+
+
+def test_a_label_token_prm_gives_grpo_its_step_rewards(tmp_path, tiny_policy_dir, prms):
+    """Process mode with a Math-Shepherd-layout PRM: one real GRPO step, the PRM scoring TRL's completions in its
+    layout (tags put in, P('+') read), every token's advantage finite and not all alike."""
+    from models import char_tokenizer
+    from tests.helpers import run_grpo
+
+    tok = char_tokenizer()
+    texts = ["6*12=72\nAnswer: 72", "6*12=70\nAnswer: 70", "Answer: 72", "6+6=12\n12*6=72\nAnswer: 72"] * 2
+    rows = [tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id] for t in texts]
+    scorer, scored = load_scorer_of(prms / "label_tokens"), []
+    step_scores = scorer.step_scores
+
+    def recording(prompts, completions):
+        steps = step_scores(prompts, completions)
+        scored.extend(zip(completions, steps))
+        return steps
+
+    scorer.step_scores = recording
+    run = run_grpo(tok, tiny_policy_dir, tmp_path / "grpo", rows, "process", scorer)
+    assert sorted(c for c, _ in scored) == sorted(texts)
+    assert all(len(s) == t.count("\n") + 1 for t, s in scored)  # one P('+') per step
+    advantages = run["advantages"][run["mask"].bool()]
+    assert torch.isfinite(advantages).all() and advantages.std() > 0
