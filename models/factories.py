@@ -225,34 +225,51 @@ def load_policy(spec: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrain
     return model, tokenizer
 
 
-def rm_head(kind: str):
-    """The transformers auto class of a reward-model kind's model (`pipeline.rm_kinds.RM_KINDS`, the kinds' table)."""
+def rm_head(kind: str, layout=None):
+    """The transformers auto class of a reward-model kind's model (`pipeline.rm_kinds.RM_KINDS`, the kinds' table),
+    or of a PRM's head layout (`pipeline.rm_kinds.PRM_HEADS`) where one is given."""
     import transformers
 
-    from pipeline.rm_kinds import RM_KINDS
+    from pipeline.rm_kinds import RM_KINDS, prm_head
 
     if kind not in RM_KINDS:
         raise ValueError(f"reward model kind must be one of {sorted(RM_KINDS)}, got {kind!r}")
-    return getattr(transformers, RM_KINDS[kind].head)
+    return getattr(transformers, prm_head(layout.head).model_class if layout else RM_KINDS[kind].head)
 
 
-def reward_model_from_policy(spec: str, kind: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _head_kwargs(layout) -> dict:
+    """`from_pretrained`'s head arguments: one logit, or the layout's classes; none for a causal LM's own LM head."""
+    if layout is None:
+        return {"num_labels": 1}
+    from pipeline.rm_kinds import prm_head
+
+    labels = prm_head(layout.head).num_labels
+    return {"num_labels": labels} if labels else {}
+
+
+def reward_model_from_policy(spec: str, kind: str, layout=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A reward model of `kind` (its head: an ORM's sequence classification, a PRM's token classification) with
-    one logit on a policy's backbone.
+    one logit on a policy's backbone; a PRM `layout` (`pipeline.rm_kinds.PrmLayout`) other than the value head: its
+    model instead, the policy's causal LM itself (label tokens, its LM head reused) or a 2-class head, with the
+    layout's step tag added to the tokenizer (and the embeddings) where the tokenizer lacks it.
 
     The backbone weights come from the policy; the head is new (round 0 of the loop).
     """
-    head = rm_head(kind)
+    head = rm_head(kind, layout)
     path, gguf = resolve_spec(spec)
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
     with _no_load_report():  # it reports the new head's weights as missing, which is the point here
-        model, info = head.from_pretrained(path, gguf_file=gguf, num_labels=1, dtype=torch.float32,
-                                                     output_loading_info=True)
+        model, info = head.from_pretrained(path, gguf_file=gguf, dtype=torch.float32, output_loading_info=True,
+                                           **_head_kwargs(layout))
     backbone = sorted(k for k in info["missing_keys"] if k.startswith(f"{model.base_model_prefix}."))
     if backbone:  # what the report was for: backbone weights left at their random init
         log.warning("%s from %r: %d backbone weights not in the checkpoint, left random: %s", kind.upper(), spec,
                     len(backbone), ", ".join(backbone[:5]))
     model = _dequantized(model)
+    tag = layout.step_tag if layout else None
+    if tag and tag not in tokenizer.get_vocab():  # a new token, kept apart from the text around it
+        tokenizer.add_tokens([tag], special_tokens=True)
+        model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id  # sequence classification reads the last non-pad token
     return model, tokenizer
 
@@ -275,16 +292,35 @@ def _no_load_report():
         logger.removeFilter(drop)
 
 
+def _marker(path: str | os.PathLike) -> dict:
+    """What a checkpoint's `igrpo.json` records (kind, a PRM's layout), or {} where it has none or it does not read."""
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads((Path(path) / "igrpo.json").read_text())
+        return data if isinstance(data, dict) else {}
+    return {}
+
+
+def reward_model_layout(path: str | os.PathLike):
+    """The PRM layout (`pipeline.rm_kinds.PrmLayout`) a checkpoint records; the value head for a PRM saved here before
+    layouts were recorded (its kind recorded, no layout); None for an ORM or a checkpoint saved elsewhere (a published
+    PRM: its layout is the config's `reward_model.head`)."""
+    from pipeline.rm_kinds import RM_KINDS, PrmLayout
+
+    marker = _marker(path)
+    if isinstance(marker.get("layout"), dict):
+        return PrmLayout.from_json(marker["layout"])
+    kind = RM_KINDS.get(marker.get("kind"))
+    return PrmLayout() if kind is not None and kind.scores_steps else None
+
+
 def reward_model_kind(path: str | os.PathLike) -> str:
     """The kind ('prm', 'orm', ...) of a saved reward model: the one its `igrpo.json` records, else the first kind
     of the table whose head its config's architecture is (checkpoints written before the kind was recorded)."""
     from pipeline.rm_kinds import RM_KINDS
 
-    marker = Path(path) / "igrpo.json"
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        recorded = json.loads(marker.read_text()).get("kind")
-        if recorded in RM_KINDS:
-            return recorded
+    recorded = _marker(path).get("kind")
+    if recorded in RM_KINDS:
+        return recorded
     config = AutoConfig.from_pretrained(str(path))
     for kind, entry in RM_KINDS.items():
         suffix = entry.head.removeprefix("AutoModel")  # LlamaForTokenClassification ends in ForTokenClassification
@@ -304,15 +340,22 @@ def kind_name(kind: str) -> str:
 
 
 def load_reward_model(
-    path: str | os.PathLike, expect: str | None = None
+    path: str | os.PathLike, expect: str | None = None, layout=None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
-    """Load a saved ORM/PRM; `expect` ('orm' or 'prm') refuses the other kind with a clear error."""
+    """Load a saved ORM/PRM; `expect` ('orm' or 'prm') refuses the other kind with a clear error.
+
+    A PRM loads in the layout its checkpoint records; `layout` is the one to take where it records none (a
+    published PRM, `reward_model.init`: then it is `expect`'s kind, whatever its architecture). A local path or a
+    hub id.
+    """
     resolved, _ = resolve_spec(str(path))
-    kind = reward_model_kind(resolved)
+    recorded = _marker(resolved).get("kind")
+    kind = expect if layout is not None and recorded is None else reward_model_kind(resolved)
     if expect is not None and kind != expect:
         raise ValueError(f"{path}: is {kind_name(kind)} but {kind_name(expect)} is needed here")
+    layout = reward_model_layout(resolved) or layout
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(resolved), str(path))
-    model = rm_head(kind).from_pretrained(resolved, dtype=torch.float32)
+    model = rm_head(kind, layout).from_pretrained(resolved, dtype=torch.float32)
     return model, tokenizer, kind
 
 
@@ -354,10 +397,11 @@ def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, targe
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike,
-               kind: str | None = None) -> Path:
+               kind: str | None = None, layout=None) -> Path:
     """Save a checkpoint atomically: written to a temp directory beside `path`, then renamed.
 
-    `kind`: a reward model's kind, recorded in its `igrpo.json` (`reward_model_kind` reads it back).
+    `kind`: a reward model's kind, recorded in its `igrpo.json` (`reward_model_kind` reads it back); `layout`: a
+    PRM's head layout (`pipeline.rm_kinds.PrmLayout`), recorded there too (`reward_model_layout`).
 
     A LoRA model is merged first, so every checkpoint loads with plain `from_pretrained` (safetensors).
     Under several processes (`accelerate launch`) every process calls this: DeepSpeed ZeRO-3's sharded
@@ -366,10 +410,10 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return _write_checkpoint(model, tokenizer, Path(path), kind)
+        return _write_checkpoint(model, tokenizer, Path(path), kind, layout)
     with _whole_weights(model):
         if dist.get_rank() == 0:
-            _write_checkpoint(model, tokenizer, Path(path), kind)
+            _write_checkpoint(model, tokenizer, Path(path), kind, layout)
     dist.barrier()
     return Path(path)
 
@@ -388,7 +432,7 @@ def _whole_weights(model: PreTrainedModel):
 
 
 def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
-                      kind: str | None = None) -> Path:
+                      kind: str | None = None, layout=None) -> Path:
     from pipeline.rundir import atomic_path
 
     if hasattr(model, "merge_and_unload"):
@@ -396,5 +440,6 @@ def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     with atomic_path(path, directory=True) as tmp:  # the old checkpoint stays whole until the new one is in
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "igrpo.json").write_text(json.dumps({"complete": True, **({"kind": kind} if kind else {})}))
+        marker = {"complete": True, **({"kind": kind} if kind else {}), **({"layout": layout.to_json()} if layout else {})}
+        (tmp / "igrpo.json").write_text(json.dumps(marker))
     return path

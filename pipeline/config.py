@@ -22,7 +22,7 @@ from pipeline import problems as problem_sets
 from pipeline.modes import MODES, step_reward_modes, supervision_mode
 from pipeline.problems import PROBLEM_SETS
 from pipeline.rewards import reward_spec
-from pipeline.rm_kinds import RM_KINDS, rm_entry, step_kinds
+from pipeline.rm_kinds import RM_KINDS, layout_of, prm_head, rm_entry, step_kinds
 
 
 class ConfigError(ValueError):
@@ -290,6 +290,21 @@ class RewardModelConfig(Section):
         "Share of the new shard held out to evaluate the RM (below 1: at 1 no new row would train the RMs)."))
     train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")
+    head: str = Field("value", description=(
+        "The PRM's head layout (pipeline/rm_kinds PRM_HEADS; docs/reward-models.md): value (one logit at each step's "
+        "closing newline), label_tokens (Math-Shepherd: a causal LM, P(label_tokens[0]) against [1] at a step_tag "
+        "after each step) or classification (Qwen2.5-Math-PRM: 2 classes, softmax[1] at a step_tag). A checkpoint "
+        "records its own; only kinds that score steps have one."))
+    step_tag: str | None = Field(None, description=(
+        "The tag token put after each step and read there, for head label_tokens or classification (None: the "
+        "head's default, 'ки' or '<extra_0>'); added to a fresh PRM's tokenizer if missing."))
+    label_tokens: list[str] | None = Field(None, description=(
+        "Head label_tokens: the (right, wrong) tokens read from the LM head, one token each (None: ['+', '-'])."))
+    init: str | None = Field(None, description=(
+        "Round 0's PRM (each kind that scores steps), taken as it is instead of a new head on the backbone: a "
+        "checkpoint directory or a hub id, in the layout of `head` (or the one its igrpo.json records, which must be "
+        "the same); later rounds train it further (warm_start), and where it would start afresh it starts from "
+        "this. None: a new head."))
     oracle: Literal["gold"] | None = Field(None, description=(
         "gold: GRPO's step rewards are the problem set's exact gold step labels (0/1) instead of the trained "
         "PRM's scores, the upper bound of a perfect PRM (the RMs are still trained and evaluated each round); "
@@ -310,6 +325,45 @@ class RewardModelConfig(Section):
             raise ValueError("'tiny' is an untrained model, no backbone for an RM; give a trained checkpoint, e.g. "
                              "`igrpo bootstrap CONFIG --set policy.tiny.hidden_size=256 --out DIR`, then DIR")
         return v
+
+    @field_validator("head")
+    @classmethod
+    def _known_head(cls, v: str) -> str:
+        prm_head(v)  # an unknown name: ValueError listing the known ones
+        return v
+
+    @field_validator("init")
+    @classmethod
+    def _trained_init(cls, v: str | None) -> str | None:
+        if v == "tiny":
+            raise ValueError("'tiny' is an untrained model, not a PRM; give a PRM's checkpoint directory or hub id")
+        return v
+
+    @model_validator(mode="after")
+    def _layout_fits(self):
+        # Every mistake in the layout named before any work; the tokens against a tokenizer: the preflight.
+        entry = prm_head(self.head)
+        if self.step_tag is not None and entry.step_tag is None:
+            raise ValueError(f"step_tag: head {self.head!r} puts no tag after a step (it reads each step's closing "
+                             "newline); drop step_tag, or set head: label_tokens or classification")
+        if self.step_tag == "":
+            raise ValueError("step_tag: empty; give the tag token, or drop it for the head's default")
+        if self.label_tokens is not None and entry.label_tokens is None:
+            raise ValueError(f"label_tokens: head {self.head!r} reads no label tokens; drop label_tokens, or set "
+                             "head: label_tokens")
+        tokens = self.label_tokens
+        if tokens is not None and (len(tokens) != 2 or len(set(tokens)) != 2 or "" in tokens):
+            raise ValueError(f"label_tokens: {tokens} must be two different tokens, [right, wrong], e.g. ['+', '-']")
+        layout = layout_of(self)
+        if layout.label_tokens and layout.step_tag in layout.label_tokens:
+            raise ValueError(f"step_tag {layout.step_tag!r} is also a label token: the tag must be its own token")
+        shaped = {"head": self.head != "value", "step_tag": self.step_tag, "label_tokens": self.label_tokens,
+                  "init": self.init}
+        given = [name for name, value in shaped.items() if value]
+        if given and not any(rm_entry(kind).scores_steps for kind in self.kinds):
+            raise ValueError(f"{', '.join(given)}: only a kind that scores steps ({', '.join(step_kinds())}) has a "
+                             f"PRM layout, and kinds {self.kinds} has none: add one, or drop {', '.join(given)}")
+        return self
 
     @field_validator("kinds")
     @classmethod

@@ -39,6 +39,91 @@ def _reward_model_backbone(cfg: PipelineConfig) -> str:
     return "the round's policy" if spec is None else _model(spec, "reward_model.model")
 
 
+def _prm_layout(cfg: PipelineConfig) -> str:
+    """The PRM layout against what will read it, before any work: a fresh PRM's label tokens in its backbone's
+    tokenizer (a missing tag is added then), or `reward_model.init`: its checkpoint, its layout against the config's
+    `head`, its tokenizer holding the tag and label tokens."""
+    from pipeline.rm_kinds import layout_of, rm_entry
+    from pipeline.rm_kinds.heads import single_token
+
+    rm = cfg.reward_model
+    if not any(rm_entry(kind).scores_steps for kind in rm.kinds):
+        return "no PRM"
+    layout = layout_of(rm)
+    if rm.init:
+        layout = _init_layout(cfg, layout)
+    elif layout.label_tokens:
+        spec = rm.model or cfg.policy.model
+        try:
+            tokenizer = _backbone_tokenizer(spec)
+        except Exception:  # the policy.model / reward_model.model checks report it
+            return "not checked: the backbone does not load"
+        for token in layout.label_tokens:
+            single_token(tokenizer, token, f"reward_model.label_tokens (in the tokenizer of {spec}):")
+    return f"head {layout.head}" + (f", tag {layout.step_tag!r}" if layout.step_tag else "")
+
+
+def _backbone_tokenizer(spec: str):
+    from models import char_tokenizer
+    from models.factories import load_tokenizer
+
+    return char_tokenizer() if spec == "tiny" else load_tokenizer(spec)
+
+
+def _init_layout(cfg: PipelineConfig, asked):
+    """`reward_model.init`'s layout: a PRM checkpoint whose recorded layout (else the one its architecture shows)
+    is the config's, with a tokenizer that holds its tag and label tokens; else a ValueError naming the mismatch."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from models.factories import check_model_available, kind_name, reward_model_kind, reward_model_layout
+    from pipeline.rm_kinds import rm_entry
+    from pipeline.rm_kinds.heads import StepReader
+
+    rm, spec = cfg.reward_model, cfg.reward_model.init
+    path, _ = check_model_available(spec, "reward_model.init")
+    try:
+        kind = reward_model_kind(path)
+    except ValueError:  # a causal LM, as a published label-token PRM is
+        kind = None
+    if kind is not None and not rm_entry(kind).scores_steps:
+        raise ValueError(f"reward_model.init: {spec} is {kind_name(kind)}, not a PRM (a kind that scores steps)")
+    recorded = reward_model_layout(path) if Path(path).is_dir() else None
+    if recorded is None:
+        _architecture_fits(spec, AutoConfig.from_pretrained(path), asked.head)
+    else:
+        given = {"head": rm.head, "step_tag": rm.step_tag, "label_tokens": tuple(rm.label_tokens or ()) or None}
+        wrong = [f"{k} {v!r} (its igrpo.json: {getattr(recorded, k)!r})" for k, v in given.items()
+                 if (v is not None or k == "head") and v != getattr(recorded, k)]
+        if wrong:
+            raise ValueError(f"reward_model.init: {spec} has another layout: {', '.join(wrong)}; set "
+                             f"reward_model.head: {recorded.head} (and drop step_tag / label_tokens), or give a PRM "
+                             "of the layout asked for")
+    try:
+        StepReader.build(recorded or asked, AutoTokenizer.from_pretrained(path))
+    except ValueError as e:
+        raise ValueError(f"reward_model.init: {spec}: {e}") from None
+    return recorded or asked
+
+
+def _architecture_fits(spec: str, config, head: str) -> None:
+    """A checkpoint with no recorded layout (a published PRM) must be the model of `head`: a causal LM for label
+    tokens, token classification with the head's classes otherwise."""
+    from models.factories import _CAUSAL_LM
+    from pipeline.rm_kinds import prm_head
+
+    labels = prm_head(head).num_labels
+    arch = (config.architectures or ["no architecture"])[0]
+    if labels is None:
+        fits, need = arch.endswith(_CAUSAL_LM), "a causal LM"
+    else:
+        fits = arch.endswith("ForTokenClassification") and config.num_labels == labels
+        need = f"token classification with {labels} label{'s' * (labels > 1)}"
+    if not fits:
+        held = arch if arch.endswith(_CAUSAL_LM) else f"{arch} with {config.num_labels} labels"
+        raise ValueError(f"reward_model.init: {spec} holds a {held}, but head {head!r} needs {need}: set "
+                         "reward_model.head to the checkpoint's layout")
+
+
 def _prompts(cfg: PipelineConfig) -> str:
     from pipeline.prompts import check_prompt_format
 
@@ -172,6 +257,7 @@ CHECKS = {
     "problems": _problems,
     "policy.model": _policy_model,
     "reward_model.model": _reward_model_backbone,
+    "reward_model.head": _prm_layout,
     "problems.prompt_format": _prompts,
     "supervision.rewards": _rewards,
     "launcher": _launcher,

@@ -2,11 +2,12 @@
 plus a replay of earlier shards (DeepSeekMath Algorithm 1: "continuous training").
 
 Each kind trains with transformers' Trainer and `bce_loss` (labels -100 where unlabelled: a PRM's are its step
-ends, an ORM's its one outcome), or with TRL's RewardTrainer where its kind trains on pairs. Round 0 starts from
-the policy's backbone with a new head, later rounds from the previous round's RM. What differs between the kinds
-(examples, scorer, metrics, head) is their table, `pipeline.rm_kinds.RM_KINDS`; `load_scorer` is how every phase
-scores with a checkpoint. Also here: the RM metrics (AUCs), the exploitable RM that tests the hacking monitor, and
-the calibration an RM keeps in its checkpoint.
+ends, an ORM's its one outcome), or with TRL's RewardTrainer where its kind trains on pairs; a PRM in a tag layout
+with its layout's cross-entropy. Round 0 starts from the policy's backbone with a new head (a PRM: or takes
+`reward_model.init` as it is), later rounds from the previous round's RM, in the layout its checkpoint records.
+What differs between the kinds (examples, scorer, metrics, head) is their table, `pipeline.rm_kinds.RM_KINDS`;
+`load_scorer` is how every phase scores with a checkpoint. Also here: the RM metrics (AUCs), the exploitable RM that
+tests the hacking monitor, and the calibration an RM keeps in its checkpoint.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from models import load_reward_model, reward_model_from_policy, save_model
-from models.factories import apply_lora
+from models.factories import apply_lora, reward_model_layout
 from pipeline.config import PipelineConfig, RewardModelConfig
 from pipeline.passthrough import checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
-from pipeline.rm_kinds import rm_kind
+from pipeline.rm_kinds import PrmLayout, layout_of, prm_head, rm_entry, rm_kind
 from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, train_in_scratch, write_json_atomic
 from pipeline.scorers import Scores, aggregate
 
@@ -146,8 +147,27 @@ def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: 
     """
     spec = rm_kind(kind)
     model, tokenizer, _ = load_reward_model(path, expect=kind)
-    scorer = spec.scorer(model, tokenizer, batch_size, rm)
+    # A PRM is read in its checkpoint's layout whatever the config asks (one saved with none: the value head).
+    layout = (reward_model_layout(path) or PrmLayout()) if rm_entry(kind).scores_steps else None
+    scorer = spec.scorer(model, tokenizer, batch_size, with_layout(rm, layout))
     return ExploitedScorer(scorer, **rm.exploit.model_dump()) if rm.exploit else scorer
+
+
+def with_layout(rm: RewardModelConfig, layout: PrmLayout | None) -> RewardModelConfig:
+    """`rm` with a checkpoint's PRM layout in place of the config's: what its kind's examples, scorer and loss read."""
+    if layout is None:
+        return rm
+    tokens = list(layout.label_tokens) if layout.label_tokens else None
+    return rm.model_copy(update={"head": layout.head, "step_tag": layout.step_tag, "label_tokens": tokens})
+
+
+def init_layout(rm: RewardModelConfig, kind: str, path: str | Path) -> PrmLayout | None:
+    """The layout of an RM of `kind` loaded from `path`: the one its checkpoint records, else the config's (a
+    published PRM, `reward_model.init`); None for a kind that scores no steps."""
+    if not rm_entry(kind).scores_steps:
+        return None
+    local = Path(str(path)).expanduser()
+    return (reward_model_layout(local) if local.is_dir() else None) or layout_of(rm)
 
 
 def exploited(scores: Sequence[float], hit: bool, bonus: float, clip: bool = True) -> list[float]:
@@ -254,21 +274,28 @@ def train_reward_model(
     """Train one RM of `kind` (a key of `pipeline.rm_kinds.RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else a policy's
     backbone: `reward_model.model` or the round's policy, `backbone`).
 
+    A PRM keeps the layout of the RM it starts from (recorded in its checkpoint, else `reward_model.head`'s: a
+    published PRM); afresh, it is built in `reward_model.head`'s layout. The saved checkpoint records it.
+
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
     transformers' Trainer and `bce_loss`.
     """
     spec = rm_kind(kind)
+    layout = init_layout(cfg.reward_model, kind, init) if warm else None
     if warm:
-        model, tokenizer, _ = load_reward_model(init, expect=kind)
+        model, tokenizer, _ = load_reward_model(init, expect=kind, layout=layout)
     else:
         torch.manual_seed(cfg.run.seed)  # the new head's init: the same on a resumed run
-        model, tokenizer = reward_model_from_policy(str(init), kind)
-    examples = spec.examples(rows, tokenizer, cfg.reward_model)
+        layout = layout_of(cfg.reward_model) if rm_entry(kind).scores_steps else None
+        model, tokenizer = reward_model_from_policy(str(init), kind, layout)
+    rm = with_layout(cfg.reward_model, layout)
+    examples = spec.examples(rows, tokenizer, rm)
     if not examples:
         raise ValueError(f"no {kind.upper()} training examples: the shard has no completion with a step")
-    if cfg.reward_model.lora:
-        lo = cfg.reward_model.lora
-        model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, spec.lora_task_type)
+    if rm.lora:
+        lo = rm.lora
+        task = prm_head(layout.head).lora_task_type if layout else spec.lora_task_type
+        model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, task)
     defaults = {"report_to": report_to, "save_strategy": "no", "seed": cfg.run.seed, "remove_unused_columns": False,
                 "run_name": f"{kind}-training", **device_defaults()}
     scratch = scratch_dir(out_dir)
@@ -281,12 +308,21 @@ def train_reward_model(
                                 processing_class=tokenizer, callbacks=callbacks)
     else:
         args = TrainingArguments(output_dir=str(scratch), **{**defaults, **cfg.reward_model.train_args})
+        loss = spec.loss(rm, tokenizer) if spec.loss else None  # a PRM's tag layouts: cross-entropy
         trainer = Trainer(
             model=model, args=args, train_dataset=Dataset.from_list(examples),
-            data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
+            data_collator=collate(tokenizer.pad_token_id), compute_loss_func=loss or bce_loss, callbacks=callbacks,
         )
     train_in_scratch(trainer)
-    return save_model(trainer.model, tokenizer, out_dir, kind=kind)
+    return save_model(trainer.model, tokenizer, out_dir, kind=kind, layout=layout)
+
+
+def adopt_reward_model(rm: RewardModelConfig, kind: str, init: str, out_dir: str | Path) -> Path:
+    """Round 0's RM taken as it is from `init` (`reward_model.init`, Algorithm 1's initial r_φ): saved into the run
+    directory with its kind and layout recorded, so that every later load reads them from the checkpoint."""
+    layout = init_layout(rm, kind, init)
+    model, tokenizer, _ = load_reward_model(init, expect=kind, layout=layout)
+    return save_model(model, tokenizer, out_dir, kind=kind, layout=layout)
 
 
 def evaluate_reward_model(
@@ -347,14 +383,17 @@ def run_reward_model_phase(
     paths = {}
     for kind in rm.kinds:
         prev = (previous or {}).get(kind)
+        init = rm.init if rm_entry(kind).scores_steps else None  # where a PRM starts instead of a new head
         if frozen:
             paths[kind] = Path(prev)
+        elif init and round_index == 0:
+            paths[kind] = adopt_reward_model(rm, kind, init, RunDir(run_dir).reward_model(round_index, kind))
         else:
-            warm = bool(rm.warm_start and prev)
+            start = prev if rm.warm_start and prev else init
             out = RunDir(run_dir).reward_model(round_index, kind)
             with (run_context(kind) if run_context else contextlib.nullcontext()):
-                paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else backbone(cfg, policy_path), out,
-                                                 warm, report_to, callbacks)
+                paths[kind] = train_reward_model(cfg, kind, rows, start or backbone(cfg, policy_path), out,
+                                                 bool(start), report_to, callbacks)
         if held:
             figures = evaluate_reward_model(paths[kind], kind, held, rm)
             metrics.update(figures)

@@ -21,21 +21,24 @@ import torch
 
 from pipeline.problems.base import Problem, ProblemSet
 from pipeline.rewards import RewardError
-from pipeline.steps import scored_step_ends, step_token_ends
+from pipeline.rm_kinds import PrmLayout
+from pipeline.rm_kinds.heads import StepReader
+from pipeline.steps import scored_step_ends
 
 
 def _forward(model, tokenizer, texts: list[str], batch_size: int, offsets: bool):
-    """Yield (batch start, logits (b, T), encodings) over right-padded batches, no grad."""
+    """Yield (batch start, logits (b, T, C), offsets (b, T, 2) or None, input ids (b, T)) over right-padded
+    batches, no grad."""
     device = next(model.parameters()).device
     for s in range(0, len(texts), batch_size):
         enc = tokenizer(
             texts[s : s + batch_size], return_tensors="pt", padding=True, padding_side="right",
             return_offsets_mapping=offsets,
         )
-        offs = enc.pop("offset_mapping", None)
+        offs, ids = enc.pop("offset_mapping", None), enc["input_ids"]
         with torch.inference_mode():
             logits = model(**enc.to(device)).logits.float()
-        yield s, logits, offs
+        yield s, logits, offs, ids
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class OrmScorer:
     def __call__(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
         texts = [p + c for p, c in zip(prompts, completions)]
         out: list[float] = []
-        for s, logits, _ in _forward(self.model, self.tokenizer, texts, self.batch_size, offsets=False):
+        for s, logits, _, _ in _forward(self.model, self.tokenizer, texts, self.batch_size, offsets=False):
             out += torch.sigmoid(logits[:, 0]).tolist()  # (b,)
         _refuse_nonfinite("ORM", out, completions)
         return out
@@ -74,22 +77,23 @@ class PrmScorer:
     """Batched no-grad PRM: one forward pass per batch, P(step correct) read at each step end.
 
     Steps follow `pipeline.steps`; a blank completion is read at its last character (one score). A
-    solution's score is the `aggregation` (min, last, product) of its step scores.
+    solution's score is the `aggregation` (min, last, product) of its step scores. `reader` is the PRM's
+    layout (`pipeline.rm_kinds.heads.StepReader`): where it reads (a step's closing newline, or a tag put after
+    each step) and its formula; None: the value head, one logit at the newline.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, aggregation: str = "min"):
+    def __init__(self, model, tokenizer, batch_size: int = 64, aggregation: str = "min", reader: StepReader | None = None):
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
         self.aggregation = aggregation
+        self.reader = reader or StepReader(PrmLayout())
 
     def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
-        texts = [p + c for p, c in zip(prompts, completions)]
+        texts, reads = zip(*(self.reader.place(p, c) for p, c in zip(prompts, completions))) if prompts else ((), ())
         out: list[list[float]] = []
-        for s, logits, offs in _forward(self.model, self.tokenizer, texts, self.batch_size, offsets=True):
-            probs = torch.sigmoid(logits[..., 0])  # (b, T)
-            for r in range(probs.shape[0]):
-                i = s + r
-                idx = step_token_ends(offs[r].tolist(), completions[i], start=len(prompts[i]))
-                out.append(probs[r, idx].tolist())
+        for s, logits, offs, ids in _forward(self.model, self.tokenizer, list(texts), self.batch_size, offsets=True):
+            for r in range(logits.shape[0]):
+                idx = self.reader.tokens(offs[r].tolist(), ids[r], reads[s + r])
+                out.append(self.reader.read(logits[r, idx]).tolist())
         for i, scores in enumerate(out):
             _refuse_nonfinite("PRM", scores, [completions[i]] * len(scores), sample=i)
         return out

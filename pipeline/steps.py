@@ -197,3 +197,28 @@ def scored_step_ends(text: str) -> list[int]:
     [-1]
     """
     return step_char_ends(text) or [len(text) - 1]
+
+
+def tagged_steps(text: str, tag: str) -> tuple[str, list[int]]:
+    """`text` with `tag` put after each scored step (`scored_step_ends`), and where each tag ends in the result.
+
+    Step-tag PRMs (Math-Shepherd's `ки`, Qwen2.5-Math-PRM's `<extra_0>`) read a step's score at a tag token after
+    it. The tag goes right after the step's text, before its closing newline (Math-Shepherd's "step ки\\n"), so the
+    steps stay the lines of `pipeline.steps` and a PRM of any layout scores the same steps. A blank text gets one
+    tag at its end (its one score, as `scored_step_ends`).
+
+    Returns:
+        (tagged text, the index of each tag's last character in it, one per scored step).
+
+    >>> tagged_steps("1+2=3\\n3*4=12\\nAnswer: 12", "#")
+    ('1+2=3#\\n3*4=12#\\nAnswer: 12#', [5, 13, 25])
+    >>> tagged_steps("", "#")
+    ('#', [0])
+    """
+    cuts = [e if 0 <= e < len(text) and text[e] == STEP_SEPARATOR else e + 1 for e in scored_step_ends(text)]
+    pieces, ends, done = [], [], 0
+    for cut in cuts:
+        pieces += [text[done:cut], tag]
+        done = cut
+        ends.append(sum(map(len, pieces)) - 1)
+    return "".join(pieces) + text[done:], ends

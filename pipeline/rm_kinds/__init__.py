@@ -6,6 +6,10 @@ scores steps (then it can drive process and hybrid mode: `supervision.process_re
 implementation is: a `RewardModelKind` (training examples and loss, scorer, held-out metrics), imported when first
 used. The reward-model phase, every scorer (`pipeline.reward_model.load_scorer`), `models.factories` and the eval
 phase read the table. A new kind is its module plus one `register_rm_kind` call (docs/extending.md).
+
+A kind that scores steps is read in one of the published PRM layouts, `PRM_HEADS` (`reward_model.head`): today's
+one-logit value head at each step's closing newline, Math-Shepherd's label tokens at a step tag, or Qwen2.5-Math-PRM's
+2-class head at a separator. A checkpoint records its layout in `igrpo.json`; loading and scoring read it there.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class RewardModelKind:
             among them.
         lora_task_type: peft's task type of its head.
         solution_auc: the metric of `metrics` that is the AUC of its solution scores against the verifier.
+        loss: (`reward_model:` config, tokenizer) -> Trainer's `compute_loss_func` where it is not BCE on one logit
+            (a PRM's tag layouts); None, or a None returned: `reward_model.bce_loss`.
     """
 
     examples: Callable[[list[dict], Any, Any], list[dict]]
@@ -40,6 +46,7 @@ class RewardModelKind:
     metrics: Callable[[Any, list[dict]], dict[str, float]]
     lora_task_type: str
     solution_auc: str
+    loss: Callable[[Any, Any], Callable | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,3 +99,73 @@ def rm_kind(kind: str) -> RewardModelKind:
 def step_kinds() -> list[str]:
     """The kinds whose scorers read a score at every step end."""
     return [name for name, e in RM_KINDS.items() if e.scores_steps]
+
+
+@dataclass(frozen=True)
+class PrmHead:
+    """One published layout of a PRM's head: where a step's score is read and how (REFERENCE, "Step-tag PRMs").
+
+    Attributes:
+        model_class: the transformers auto class of its model.
+        num_labels: a token-classification head's classes; None for a causal LM's own LM head.
+        step_tag: the default tag token put after each step, read there; None: no tag, read at the step's end
+            (`pipeline.steps`: the closing newline stands in for the tag).
+        label_tokens: the default (right, wrong) label tokens read from the LM head's logits; None: no label tokens.
+        math: where its pure functions are, "module:attribute" (a `pipeline.rm_kinds.heads.HeadMath`).
+        description: one line, for the docs.
+        lora_task_type: peft's task type of its model.
+    """
+
+    model_class: str
+    num_labels: int | None
+    step_tag: str | None
+    label_tokens: tuple[str, str] | None
+    math: str
+    description: str = ""
+    lora_task_type: str = "TOKEN_CLS"
+
+
+PRM_HEADS: dict[str, PrmHead] = {
+    "value": PrmHead("AutoModelForTokenClassification", 1, None, None, "pipeline.rm_kinds.heads:VALUE",
+                     "one logit on the backbone at each step's closing newline: sigmoid(logit), trained by BCE"),
+    # Math-Shepherd (peiyi9979/math-shepherd-mistral-7b-prm): the LM head itself; a tag token after each step.
+    "label_tokens": PrmHead("AutoModelForCausalLM", None, "ки", ("+", "-"), "pipeline.rm_kinds.heads:LABEL_TOKENS",
+                            "a causal LM: P('+') normalised against '-' at a tag after each step, CE on the label token",
+                            lora_task_type="CAUSAL_LM"),
+    # Qwen2.5-Math-PRM: a 2-class head on every token, read at a separator after each step.
+    "classification": PrmHead("AutoModelForTokenClassification", 2, "<extra_0>", None,
+                              "pipeline.rm_kinds.heads:CLASSIFICATION",
+                              "2 classes on the backbone: softmax(logits)[1] at a separator after each step, CE"),
+}
+
+
+@dataclass(frozen=True)
+class PrmLayout:
+    """A PRM's head and its tokens, as its checkpoint records them (`igrpo.json`) and the config asks for them."""
+
+    head: str = "value"
+    step_tag: str | None = None
+    label_tokens: tuple[str, str] | None = None
+
+    def to_json(self) -> dict:
+        return {"head": self.head, "step_tag": self.step_tag,
+                "label_tokens": list(self.label_tokens) if self.label_tokens else None}
+
+    @staticmethod
+    def from_json(data: dict) -> PrmLayout:
+        tokens = data.get("label_tokens")
+        return PrmLayout(data.get("head", "value"), data.get("step_tag"), tuple(tokens) if tokens else None)
+
+
+def prm_head(name: str) -> PrmHead:
+    """The entry of head `name`; an unknown one is a ValueError listing the known ones."""
+    if name not in PRM_HEADS:
+        raise ValueError(f"unknown PRM head {name!r}; known: {', '.join(PRM_HEADS)}")
+    return PRM_HEADS[name]
+
+
+def layout_of(rm: Any) -> PrmLayout:
+    """The layout that `reward_model:` (`rm`) asks for: its head, with the head's default tokens where none is given."""
+    entry = prm_head(rm.head)
+    tokens = tuple(rm.label_tokens) if rm.label_tokens else entry.label_tokens
+    return PrmLayout(rm.head, rm.step_tag or entry.step_tag, tokens)

@@ -1,24 +1,33 @@
-"""The PRM: token classification, one logit, binary cross-entropy only at step ends (Math-Shepherd's format, the
-step's closing newline standing in for the tag token), target HE or SE; a solution's score aggregates its steps."""
+"""The PRM: labels only at step ends, target HE or SE; a solution's score aggregates its steps.
+
+Its head is one of the published layouts (`reward_model.head`, `pipeline.rm_kinds.PRM_HEADS`): one logit with BCE at
+each step's closing newline (value, the newline standing in for Math-Shepherd's tag), the LM head's label tokens at a
+tag after each step (label_tokens), or a 2-class head at a separator (classification). The `reward_model:` config
+that reaches `examples`, `scorer` and `loss` carries the checkpoint's own layout (`pipeline.reward_model`).
+"""
 
 from __future__ import annotations
 
 from pipeline.reward_model import accuracy, auc, mean, step_label_pairs
-from pipeline.rm_kinds import RewardModelKind
+from pipeline.rm_kinds import PrmLayout, RewardModelKind, layout_of
+from pipeline.rm_kinds.heads import StepReader
 from pipeline.scorers import PrmScorer, aggregate
-from pipeline.steps import step_char_ends, step_token_ends
+from pipeline.steps import step_char_ends
 
 
-def prm_examples(rows: list[dict], tokenizer, target: str) -> list[dict]:
-    """Token ids of `prompt + completion` with a label at each step end and -100 elsewhere."""
+def prm_examples(rows: list[dict], tokenizer, target: str, reader: StepReader | None = None) -> list[dict]:
+    """Token ids of the text the PRM reads (`prompt + completion`, with a tag after each step in a tag layout) with
+    a label at each step's read token and -100 elsewhere. `reader`: the layout; None, the value head."""
     key = "he_labels" if target == "hard" else "se_labels"
+    reader = reader or StepReader(PrmLayout())
     out = []
     for r in rows:
         if not step_char_ends(r["completion"]):
             continue  # a blank completion has no step to label
-        enc = tokenizer(r["prompt"] + r["completion"], return_offsets_mapping=True)
-        # The tokens PrmScorer reads in GRPO and evaluation (the same helper, the same text).
-        idx = step_token_ends(enc["offset_mapping"], r["completion"], start=len(r["prompt"]))
+        text, reads = reader.place(r["prompt"], r["completion"])
+        enc = tokenizer(text, return_offsets_mapping=True)
+        # The tokens PrmScorer reads in GRPO and evaluation (the same reader, the same text).
+        idx = reader.tokens(enc["offset_mapping"], enc["input_ids"], reads)
         labels = [-100.0] * len(enc["input_ids"])
         for i, y in zip(idx, r[key]):
             labels[i] = float(y)
@@ -41,11 +50,18 @@ def prm_metrics(scorer: PrmScorer, rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def step_reader(rm, tokenizer) -> StepReader:
+    """The reader of the layout `rm` (a `reward_model:` config) asks for, on `tokenizer`."""
+    return StepReader.build(layout_of(rm), tokenizer)
+
+
 PRM = RewardModelKind(
-    examples=lambda rows, tokenizer, rm: prm_examples(rows, tokenizer, rm.target),
+    examples=lambda rows, tokenizer, rm: prm_examples(rows, tokenizer, rm.target, step_reader(rm, tokenizer)),
     pairwise=lambda rm: False,
-    scorer=lambda model, tokenizer, batch_size, rm: PrmScorer(model, tokenizer, batch_size, rm.aggregation),
+    scorer=lambda model, tokenizer, batch_size, rm: PrmScorer(model, tokenizer, batch_size, rm.aggregation,
+                                                              step_reader(rm, tokenizer)),
     metrics=prm_metrics,
     lora_task_type="TOKEN_CLS",
     solution_auc="prm/solution_auc",
+    loss=lambda rm, tokenizer: step_reader(rm, tokenizer).loss(),
 )
