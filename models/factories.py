@@ -287,6 +287,8 @@ def reward_model_kind(path: str | os.PathLike) -> str:
             return recorded
     config = AutoConfig.from_pretrained(str(path))
     for kind, entry in RM_KINDS.items():
+        if entry.head == "AutoModelForCausalLM":
+            continue  # a causal LM is a policy unless its igrpo.json names its kind (the implicit PRM's always does)
         suffix = entry.head.removeprefix("AutoModel")  # LlamaForTokenClassification ends in ForTokenClassification
         if any(arch.endswith(suffix) for arch in config.architectures or []):
             return kind
@@ -354,10 +356,11 @@ def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, targe
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike,
-               kind: str | None = None) -> Path:
+               kind: str | None = None, meta: dict | None = None) -> Path:
     """Save a checkpoint atomically: written to a temp directory beside `path`, then renamed.
 
-    `kind`: a reward model's kind, recorded in its `igrpo.json` (`reward_model_kind` reads it back).
+    `kind`: a reward model's kind, recorded in its `igrpo.json` (`reward_model_kind` reads it back); `meta`: more
+    entries for it (the implicit PRM's reference model, `RewardModelKind.prepare`).
 
     A LoRA model is merged first, so every checkpoint loads with plain `from_pretrained` (safetensors).
     Under several processes (`accelerate launch`) every process calls this: DeepSpeed ZeRO-3's sharded
@@ -366,10 +369,10 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return _write_checkpoint(model, tokenizer, Path(path), kind)
+        return _write_checkpoint(model, tokenizer, Path(path), kind, meta)
     with _whole_weights(model):
         if dist.get_rank() == 0:
-            _write_checkpoint(model, tokenizer, Path(path), kind)
+            _write_checkpoint(model, tokenizer, Path(path), kind, meta)
     dist.barrier()
     return Path(path)
 
@@ -388,7 +391,7 @@ def _whole_weights(model: PreTrainedModel):
 
 
 def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
-                      kind: str | None = None) -> Path:
+                      kind: str | None = None, meta: dict | None = None) -> Path:
     from pipeline.rundir import atomic_path
 
     if hasattr(model, "merge_and_unload"):
@@ -396,5 +399,6 @@ def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     with atomic_path(path, directory=True) as tmp:  # the old checkpoint stays whole until the new one is in
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "igrpo.json").write_text(json.dumps({"complete": True, **({"kind": kind} if kind else {})}))
+        record = {"complete": True, **({"kind": kind} if kind else {}), **(meta or {})}
+        (tmp / "igrpo.json").write_text(json.dumps(record))
     return path

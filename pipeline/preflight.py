@@ -35,8 +35,11 @@ def _policy_model(cfg: PipelineConfig) -> str:
 
 
 def _reward_model_backbone(cfg: PipelineConfig) -> str:
+    from pipeline.rm_kinds import RM_KINDS
+
     spec = cfg.reward_model.model
-    return "the round's policy" if spec is None else _model(spec, "reward_model.model")
+    causal = any(RM_KINDS[k].head == "AutoModelForCausalLM" for k in cfg.reward_model.kinds)  # the implicit PRM
+    return "the round's policy" if spec is None else _model(spec, "reward_model.model", causal_lm=causal)
 
 
 def _prompts(cfg: PipelineConfig) -> str:

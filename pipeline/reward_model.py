@@ -255,7 +255,7 @@ def train_reward_model(
     backbone: `reward_model.model` or the round's policy, `backbone`).
 
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
-    transformers' Trainer and `bce_loss`.
+    transformers' Trainer and `bce_loss`, or the kind's own `loss` and `collate` (`RewardModelKind`).
     """
     spec = rm_kind(kind)
     if warm:
@@ -266,6 +266,9 @@ def train_reward_model(
     examples = spec.examples(rows, tokenizer, cfg.reward_model)
     if not examples:
         raise ValueError(f"no {kind.upper()} training examples: the shard has no completion with a step")
+    meta = {}
+    if spec.prepare:  # what the loss needs from outside the trained model (the implicit PRM's reference)
+        examples, meta = spec.prepare(examples, str(init), warm, cfg.reward_model)
     if cfg.reward_model.lora:
         lo = cfg.reward_model.lora
         model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, spec.lora_task_type)
@@ -283,10 +286,13 @@ def train_reward_model(
         args = TrainingArguments(output_dir=str(scratch), **{**defaults, **cfg.reward_model.train_args})
         trainer = Trainer(
             model=model, args=args, train_dataset=Dataset.from_list(examples),
-            data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
+            data_collator=(spec.collate or collate)(tokenizer.pad_token_id),
+            compute_loss_func=spec.loss(cfg.reward_model) if spec.loss else bce_loss, callbacks=callbacks,
         )
+        if spec.loss:  # a kind's own loss is its micro-batch's mean: Trainer divides it by the accumulation steps
+            trainer.loss_is_scaled_for_ga = False
     train_in_scratch(trainer)
-    return save_model(trainer.model, tokenizer, out_dir, kind=kind)
+    return save_model(trainer.model, tokenizer, out_dir, kind=kind, meta=meta)
 
 
 def evaluate_reward_model(
