@@ -11,13 +11,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import table
+from _common import mini_policy, table
 
-from pipeline.bootstrap import run_bootstrap
 from pipeline.collect import run_collection_phase
 from pipeline.loading import config_from_dict
 from pipeline.problems import problem_set_from_config
-from pipeline.rundir import RunDir
 from tests.helpers import mini_config  # the tests' mini sizes
 
 
@@ -35,8 +33,7 @@ def main() -> None:
                                     "rollouts_per_step": n, "max_new_tokens": 32},
                 reward_model={"kinds": ["implicit"]}, supervision={"process_reward_model": "implicit"}))
 
-        base = cfg(a.n)
-        policy = run_bootstrap(base, RunDir(base.run_dir).policy(0)).policy_path
+        policy = mini_policy(tmp)
         rows = []
         for n in (a.n, 0):
             c = cfg(n)

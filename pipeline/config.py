@@ -276,6 +276,11 @@ class RewardModelConfig(Section):
     implicit_beta: float = Field(0.05, gt=0, description=(
         "Implicit PRM: beta in r = beta * log(pi/pi_ref) (PRIME: 0.05); the scale of its rewards before the sigmoid. "
         "Recorded in its checkpoint, which is scored with the beta it was trained with."))
+    implicit_online_lr: float | None = Field(None, gt=0, description=(
+        "Implicit PRM as the step scorer of process or hybrid mode: PRIME's online update, one AdamW step at this "
+        "learning rate (PRIME: 1e-6) on every GRPO training batch with its verifier outcomes, before the batch's "
+        "steps are scored; within the GRPO phase only (the round's RM phase retrains as usual), one process only. "
+        "None: no online update."))
     orm_loss: Literal["bce", "pairwise"] = Field(
         "bce", description="ORM loss: BCE on outcomes, or pairwise (Bradley-Terry, TRL's RewardTrainer) on correct/incorrect pairs of one prompt.")
     replay_fraction: float = Field(0.1, ge=0, le=1, description="Share of the historical shards replayed in each retraining.")
@@ -465,6 +470,20 @@ class PipelineConfig(Section):
             raise ValueError("reward_model.orm_loss: pairwise needs a right and a wrong sample of one prompt, and "
                              f"collect.samples_per_prompt is {self.collect.samples_per_prompt}: set it to 2 or more, "
                              "or orm_loss: bce")
+        return self
+
+    @model_validator(mode="after")
+    def _online_update_applies(self):
+        if self.reward_model.implicit_online_lr is None:
+            return self
+        if not (supervision_mode(self.supervision.mode).step_rewards and self.reward_model.oracle is None
+                and self.supervision.process_reward_model == "implicit"):
+            raise ValueError("reward_model.implicit_online_lr updates the implicit PRM that gives GRPO its step "
+                             "rewards: it needs a mode with step rewards and supervision.process_reward_model: "
+                             "implicit (no oracle); drop it otherwise")
+        if self.launcher.kind != "local":
+            raise ValueError("reward_model.implicit_online_lr: the online update runs in one process (each process "
+                             "would update its own copy); use launcher.kind: local, or drop it")
         return self
 
     @model_validator(mode="after")

@@ -1,6 +1,7 @@
 """The implicit PRM (`reward_model.kinds: [implicit]`, pipeline/rm_kinds/implicit.py): its scores against the formula
 computed by hand from the two models' logits, its loss, one real training through the RM phase's code path, the
-config's checks, a collection without MC rollouts, and two rounds of process supervision from it."""
+config's checks, PRIME's online update, a collection without MC rollouts, and two rounds of process supervision from
+it (with the online update)."""
 
 from __future__ import annotations
 
@@ -148,6 +149,24 @@ def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tin
     assert reference_spec(str(out), warm=True) == str(tiny_policy_dir.resolve())
 
 
+def test_the_online_update_learns_from_a_batch_s_outcomes(tiny_policy_dir):
+    # PRIME's online update, called by ProcessGRPOTrainer on every batch: one step at a time, the loss falls.
+    from models import load_policy
+    from pipeline.reward_model import auc
+    from pipeline.rm_kinds.implicit import ImplicitPrmScorer
+
+    model, tok = load_policy(str(tiny_policy_dir))
+    scorer = ImplicitPrmScorer(model, load_policy(str(tiny_policy_dir))[0], tok, beta=0.5, online_lr=3e-3)
+    prompts = [f"What is {a}+{7 - a}?\n" for a in range(1, 5) for _ in (0, 1)]
+    completions = [f"Answer: {7 if good else 9}" for _ in range(1, 5) for good in (True, False)]
+    outcomes = [1.0, 0.0] * 4
+    losses = [scorer.update(prompts, completions, outcomes) for _ in range(6)]
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-4) and losses[-1] < losses[0] - 0.1, losses
+    assert not scorer.model.training  # back to scoring
+    assert auc(scorer(prompts, completions), outcomes) == 1.0
+    assert scorer.update(["Q\n"], ["  "], [1.0]) is None  # nothing to learn from a blank completion
+
+
 def test_the_config_checks(tiny_dirs):
     from pipeline.config import ConfigError
     from pipeline.loading import config_from_dict
@@ -165,6 +184,9 @@ def test_the_config_checks(tiny_dirs):
                                           "which implicit needs"):
         _cfg(model=str(tiny_dirs / "prm"))
     assert _cfg(model=str(tiny_dirs / "policy")).reward_model.model == str(tiny_dirs / "policy")
+    assert _cfg(implicit_online_lr=1e-6).reward_model.implicit_online_lr == 1e-6
+    with pytest.raises(ConfigError, match="implicit_online_lr updates the implicit PRM that gives GRPO its step"):
+        config_from_dict({"reward_model": {"kinds": ["implicit", "prm"], "implicit_online_lr": 1e-6}}, check_trl=False)
 
 
 def test_a_policy_checkpoint_is_not_taken_for_an_implicit_prm(tiny_dirs):
@@ -203,7 +225,8 @@ def test_two_rounds_of_process_supervision_from_the_implicit_prm(tmp_path, mlflo
 
     data = mini_config(tmp_path, run={"rounds": 1}, collect={"rollouts_per_step": 0},
                        supervision={"mode": "process", "process_reward_model": "implicit", "prompts_per_round": 8},
-                       reward_model={"kinds": ["implicit"]}, tracking={"tracking_uri": mlflow_tmp})
+                       reward_model={"kinds": ["implicit"], "implicit_online_lr": 1e-5},  # PRIME's update too
+                       tracking={"tracking_uri": mlflow_tmp})
     cfg = config_from_dict(data)
     rounds.open_run(cfg)
     rounds.run_rounds(cfg)

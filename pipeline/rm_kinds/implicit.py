@@ -191,9 +191,37 @@ class ImplicitPrmScorer:
     a step's score is sigmoid(V_k) at its end token (module docstring), a solution's the `aggregation` of them."""
 
     def __init__(self, model, reference, tokenizer, batch_size: int = 64, beta: float = 0.05,
-                 aggregation: str = "min"):
+                 aggregation: str = "min", online_lr: float | None = None):
         self.model, self.reference = model.eval(), reference.eval()
         self.tokenizer, self.batch_size, self.beta, self.aggregation = tokenizer, batch_size, beta, aggregation
+        self.online_lr, self._optimizer = online_lr, None  # `update` (PRIME's online update) where set
+
+    def update(self, prompts: Sequence[str], completions: Sequence[str], outcomes: Sequence[float]) -> float | None:
+        """PRIME's online update: one AdamW step (`online_lr`) of `implicit_loss` on these samples and their
+        verifier outcomes, the reference's log-probs computed here; the loss, or None without a sample to learn
+        from. `ProcessGRPOTrainer` calls it on every training batch before scoring its steps."""
+        rows = [{"prompt": p, "completion": c, "outcome": o} for p, c, o in zip(prompts, completions, outcomes)]
+        examples = implicit_examples(rows, self.tokenizer, None)
+        if not examples:
+            return None
+        device = next(self.model.parameters()).device
+        self.reference.to(device)
+        ids, mask = (t.to(device) for t in _padded([e["input_ids"] for e in examples], self.tokenizer.pad_token_id))
+        ref = sequence_logprobs(self.reference, ids, mask).clone()  # (B, T), out of inference mode: a constant
+        completion = torch.zeros(ids.shape, device=device)  # (B, T)
+        for i, e in enumerate(examples):
+            completion[i, e["first"] : e["last"] + 1] = 1.0
+        outcome = torch.tensor([e["labels"] for e in examples], device=device)  # (B,)
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.online_lr)
+        self.model.train()
+        loss = implicit_loss(self.model(input_ids=ids, attention_mask=mask), (outcome, ids, ref, completion),
+                             beta=self.beta)
+        loss.backward()
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        return float(loss.detach())
 
     def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
         device = next(self.model.parameters()).device
@@ -229,7 +257,7 @@ def checkpoint_scorer(model, tokenizer, batch_size: int, rm) -> ImplicitPrmScore
     meta = recorded(model.name_or_path)  # from_pretrained keeps the directory it loaded from
     reference, _ = load_policy(meta["reference"])
     return ImplicitPrmScorer(model, reference, tokenizer, batch_size, meta.get("beta", rm.implicit_beta),
-                             rm.aggregation)
+                             rm.aggregation, rm.implicit_online_lr)
 
 
 def implicit_metrics(scorer: ImplicitPrmScorer, rows: list[dict]) -> dict[str, float]:
