@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--n", type=int, default=4, help="rollouts per step of the run with rollouts")
-    ap.add_argument("--repeats", type=int, default=2, help="timings of each setting (the median is reported)")
+    ap.add_argument("--repeats", type=int, default=2, help="timings of each setting (the fastest is reported)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         def cfg(n: int):
@@ -42,9 +42,9 @@ def main() -> None:
                 start = time.perf_counter()
                 figures = run_collection_phase(c, problem_set_from_config(c), policy, c.run_dir, 0).metrics
                 seconds.append(time.perf_counter() - start)
-            rows.append((n, sorted(seconds)[len(seconds) // 2], figures))
+            rows.append((n, min(seconds), figures))  # the fastest: the machine is shared
         with_n, without = rows[0][1], rows[1][1]
-        print(table(["rollouts_per_step", "seconds (median)", "rollouts", "steps per sample"],
+        print(table(["rollouts_per_step", "seconds (fastest)", "rollouts", "steps per sample"],
                     [[str(n), f"{s:.2f}", f"{f['collect/rollouts']:.0f}", f"{f['collect/steps_per_sample']:.2f}"]
                      for n, s, f in rows]))
         print(f"\nwithout rollouts / with N={a.n}: {without / with_n:.3f} of the time ({with_n / without:.1f}x faster)")
