@@ -112,11 +112,13 @@ def test_the_loss_is_bce_of_beta_times_the_summed_log_ratio():
     assert float(logp[1, 3]) == pytest.approx(float(torch.log_softmax(logits[1, 2], -1)[ids[1, 3]]), abs=1e-6)
 
 
-def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tiny_policy_dir, tmp_path):
-    from transformers import TrainerCallback
+# Right answers end in 7, wrong ones in 9: separable by the last token alone.
+ROWS = [{"prompt": f"What is {a}+{7 - a}?\n", "completion": f"{a}+{7 - a}={7 if good else 9}\nAnswer: "
+         f"{7 if good else 9}", "outcome": int(good)} for a in range(1, 5) for good in (True, False)]
 
-    from models import load_reward_model
-    from pipeline.reward_model import auc, load_scorer, train_reward_model
+
+def _logged_losses():
+    from transformers import TrainerCallback
 
     class Losses(TrainerCallback):
         def __init__(self):
@@ -126,12 +128,16 @@ def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tin
             if logs and "loss" in logs:
                 self.seen.append(logs["loss"])
 
+    return Losses()
+
+
+def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tiny_policy_dir, tmp_path):
+    from models import load_reward_model
+    from pipeline.reward_model import auc, load_scorer, train_reward_model
+
     cfg = _cfg(implicit_beta=0.5, train_args={"learning_rate": 3e-3, "max_steps": 8, "per_device_train_batch_size": 8,
                                               "logging_steps": 1})
-    # Right answers end in 7, wrong ones in 9: separable by the last token alone.
-    rows = [{"prompt": f"What is {a}+{7 - a}?\n", "completion": f"{a}+{7 - a}={7 if good else 9}\nAnswer: "
-             f"{7 if good else 9}", "outcome": int(good)} for a in range(1, 5) for good in (True, False)]
-    losses = Losses()
+    rows, losses = ROWS, _logged_losses()
     out = train_reward_model(cfg, "implicit", rows, tiny_policy_dir, tmp_path / "implicit", warm=False,
                              callbacks=[losses])
     # Step 1: pi_phi is pi_ref, so r = 0 and the loss is log 2 exactly; then it falls.
@@ -147,6 +153,21 @@ def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tin
     from pipeline.rm_kinds.implicit import reference_spec
 
     assert reference_spec(str(out), warm=True) == str(tiny_policy_dir.resolve())
+
+
+def test_gradient_accumulation_keeps_the_step_s_mean_loss(tiny_policy_dir, tmp_path):
+    # Trainer cannot count the items of the implicit PRM's tuple labels, so its loss is each micro-batch's mean
+    # and Trainer divides it by the accumulation (`loss_is_scaled_for_ga`). At the start r = 0 and every BCE is
+    # log 2: 4 micro-batches of 2 log a loss of log 2 as 1 batch of 8 does, where the undivided sum would be 4 log 2.
+    from pipeline.reward_model import train_reward_model
+
+    for batch, accum in ((8, 1), (2, 4)):
+        losses = _logged_losses()
+        cfg = _cfg(train_args={"max_steps": 1, "per_device_train_batch_size": batch,
+                               "gradient_accumulation_steps": accum, "logging_steps": 1})
+        train_reward_model(cfg, "implicit", ROWS, tiny_policy_dir, tmp_path / f"x{accum}", warm=False,
+                           callbacks=[losses])
+        assert losses.seen == [pytest.approx(math.log(2), abs=1e-3)], (batch, accum)
 
 
 def test_the_online_update_learns_from_a_batch_s_outcomes(tiny_policy_dir):
