@@ -310,7 +310,7 @@ def reward_model_layout(path: str | os.PathLike):
     if isinstance(marker.get("layout"), dict):
         return PrmLayout.from_json(marker["layout"])
     kind = RM_KINDS.get(marker.get("kind"))
-    return PrmLayout() if kind is not None and kind.scores_steps else None
+    return PrmLayout() if kind is not None and kind.layouts else None
 
 
 def reward_model_kind(path: str | os.PathLike) -> str:
@@ -323,6 +323,8 @@ def reward_model_kind(path: str | os.PathLike) -> str:
         return recorded
     config = AutoConfig.from_pretrained(str(path))
     for kind, entry in RM_KINDS.items():
+        if entry.head == "AutoModelForCausalLM":
+            continue  # a causal LM is a policy unless its igrpo.json names its kind (the implicit PRM's always does)
         suffix = entry.head.removeprefix("AutoModel")  # LlamaForTokenClassification ends in ForTokenClassification
         if any(arch.endswith(suffix) for arch in config.architectures or []):
             return kind
@@ -397,11 +399,12 @@ def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, targe
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike,
-               kind: str | None = None, layout=None) -> Path:
+               kind: str | None = None, layout=None, meta: dict | None = None) -> Path:
     """Save a checkpoint atomically: written to a temp directory beside `path`, then renamed.
 
     `kind`: a reward model's kind, recorded in its `igrpo.json` (`reward_model_kind` reads it back); `layout`: a
-    PRM's head layout (`pipeline.rm_kinds.PrmLayout`), recorded there too (`reward_model_layout`).
+    PRM's head layout (`pipeline.rm_kinds.PrmLayout`), recorded there too (`reward_model_layout`); `meta`: more
+    entries for it (the implicit PRM's reference model, `RewardModelKind.prepare`).
 
     A LoRA model is merged first, so every checkpoint loads with plain `from_pretrained` (safetensors).
     Under several processes (`accelerate launch`) every process calls this: DeepSpeed ZeRO-3's sharded
@@ -410,10 +413,10 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return _write_checkpoint(model, tokenizer, Path(path), kind, layout)
+        return _write_checkpoint(model, tokenizer, Path(path), kind, layout, meta)
     with _whole_weights(model):
         if dist.get_rank() == 0:
-            _write_checkpoint(model, tokenizer, Path(path), kind, layout)
+            _write_checkpoint(model, tokenizer, Path(path), kind, layout, meta)
     dist.barrier()
     return Path(path)
 
@@ -432,7 +435,7 @@ def _whole_weights(model: PreTrainedModel):
 
 
 def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
-                      kind: str | None = None, layout=None) -> Path:
+                      kind: str | None = None, layout=None, meta: dict | None = None) -> Path:
     from pipeline.rundir import atomic_path
 
     if hasattr(model, "merge_and_unload"):
@@ -440,6 +443,7 @@ def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     with atomic_path(path, directory=True) as tmp:  # the old checkpoint stays whole until the new one is in
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        marker = {"complete": True, **({"kind": kind} if kind else {}), **({"layout": layout.to_json()} if layout else {})}
-        (tmp / "igrpo.json").write_text(json.dumps(marker))
+        record = {"complete": True, **({"kind": kind} if kind else {}),
+                  **({"layout": layout.to_json()} if layout else {}), **(meta or {})}
+        (tmp / "igrpo.json").write_text(json.dumps(record))
     return path

@@ -6,7 +6,9 @@ policy, or round 0's with `collect.prover: round0`: PAV's prover) writes N compl
 labels it. Strategy `first_error` (OmegaPRM's idea) binary-searches the first step whose prefix can no
 longer reach the gold answer, assuming reachability is monotone, with about log2(K) probed prefixes; the
 labels of the steps it never probes are imputed from the search (HE, and SE set to HE: a hard label where
-`target: soft` asks for a soft one), and `collect/imputed_label_share` logs their share.
+`target: soft` asks for a soft one), and `collect/imputed_label_share` logs their share. With
+`collect.rollouts_per_step: 0` no prefix is rolled out and no step is labelled (empty `he_labels`, `se_labels`): for
+the RMs that train on outcomes only (the implicit PRM, the ORM).
 
 A prefix is cut from the policy's own tokens: the prompt's ids, then the sampled completion's ids up to
 the token holding the step's end (`steps.step_token_ends`, the token the PRM is trained on). Rollouts go on
@@ -221,7 +223,10 @@ def run_collection_phase(
         # Label: verifier outcome, then MC step labels through one batched stream.
         reqs = [make_request(problem_set, p, tokenizer, ids, prompts[p.id]) for p, _, _, _, ids in items]
         label = label_exhaustive if c.strategy == "exhaustive" else label_first_error
-        labels = label(problem_set, completer, reqs, c.rollouts_per_step)
+        if c.rollouts_per_step == 0:  # no MC labels: the RMs trained need none (config: `mc_label_kinds`)
+            labels = [Labels([], []) for _ in reqs]
+        else:
+            labels = label(problem_set, completer, reqs, c.rollouts_per_step)
 
     rows, gold = [], []
     for (p, j, text, ntok, _), lab in zip(items, labels):
@@ -245,7 +250,7 @@ def run_collection_phase(
         "collect/rollout_tokens_per_s": stats["rollout_tokens"] / max(stats["rollout_seconds"], 1e-9),
         "collect/sample_tokens_per_s": fresh.total_tokens / max(fresh.seconds, 1e-9),
     }
-    if problem_set.has_gold_step_labels:
+    if problem_set.has_gold_step_labels and c.rollouts_per_step:
         he = [r["he_labels"] for r in rows]
         se = [r["se_labels"] for r in rows]
         metrics["collect/he_gold_agreement"] = agreement(he, gold)

@@ -22,7 +22,7 @@ from pipeline import problems as problem_sets
 from pipeline.modes import MODES, step_reward_modes, supervision_mode
 from pipeline.problems import PROBLEM_SETS
 from pipeline.rewards import reward_spec
-from pipeline.rm_kinds import RM_KINDS, layout_of, prm_head, rm_entry, step_kinds
+from pipeline.rm_kinds import RM_KINDS, layout_kinds, layout_of, mc_label_kinds, prm_head, rm_entry, step_kinds
 
 
 class ConfigError(ValueError):
@@ -224,7 +224,10 @@ class SamplingConfig(Section):
 class CollectConfig(SamplingConfig):
     prompts_per_round: int = Field(32, ge=1, description="M: training prompts sampled each round.")
     samples_per_prompt: int = Field(4, ge=1, description="G: completions per prompt.")
-    rollouts_per_step: int = Field(4, ge=1, description="N: MC completions from each step prefix.")
+    rollouts_per_step: int = Field(4, ge=0, description=(
+        "N: MC completions from each step prefix. 0: no rollouts and no MC step labels (the shard's he_labels and "
+        "se_labels are empty), for RMs that need none (implicit, orm); refused while a kind that trains on them "
+        "(prm) is in reward_model.kinds."))
     prover: Literal["policy", "round0"] = Field("policy", description=(
         "The MC completer whose success from each step prefix labels the steps (PAV's prover): the round's "
         "policy (Math-Shepherd), or round 0's policy, fixed across rounds (it shares the policy's tokenizer). "
@@ -270,6 +273,14 @@ class RewardModelConfig(Section):
     kinds: list[str] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
     target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")
     aggregation: Literal["min", "last", "product"] = Field("min", description="A solution's PRM score from its steps.")
+    implicit_beta: float = Field(0.05, gt=0, description=(
+        "Implicit PRM: beta in r = beta * log(pi/pi_ref) (PRIME: 0.05); the scale of its rewards before the sigmoid. "
+        "Recorded in its checkpoint, which is scored with the beta it was trained with."))
+    implicit_online_lr: float | None = Field(None, gt=0, description=(
+        "Implicit PRM as the step scorer of process or hybrid mode: PRIME's online update, one AdamW step at this "
+        "learning rate (PRIME: 1e-6) on every GRPO training batch with its verifier outcomes, before the batch's "
+        "steps are scored; within the GRPO phase only (the round's RM phase retrains as usual), one process only. "
+        "None: no online update."))
     orm_loss: Literal["bce", "pairwise"] = Field(
         "bce", description="ORM loss: BCE on outcomes, or pairwise (Bradley-Terry, TRL's RewardTrainer) on correct/incorrect pairs of one prompt.")
     replay_fraction: float = Field(0.1, ge=0, le=1, description="Share of the historical shards replayed in each retraining.")
@@ -360,9 +371,21 @@ class RewardModelConfig(Section):
         shaped = {"head": self.head != "value", "step_tag": self.step_tag, "label_tokens": self.label_tokens,
                   "init": self.init}
         given = [name for name, value in shaped.items() if value]
-        if given and not any(rm_entry(kind).scores_steps for kind in self.kinds):
-            raise ValueError(f"{', '.join(given)}: only a kind that scores steps ({', '.join(step_kinds())}) has a "
-                             f"PRM layout, and kinds {self.kinds} has none: add one, or drop {', '.join(given)}")
+        if given and not any(rm_entry(kind).layouts for kind in self.kinds):
+            raise ValueError(f"{', '.join(given)}: only {', '.join(layout_kinds())} has a PRM layout, and kinds "
+                             f"{self.kinds} has none: add one, or drop {', '.join(given)}")
+        return self
+
+    @model_validator(mode="after")
+    def _causal_lm_backbone(self):
+        # A kind that is a causal LM (the implicit PRM) starts from the backbone as it is, head included: one that
+        # is not a language model (a reward model's checkpoint) would fail only when the RM phase loads it.
+        causal = [k for k in self.kinds if RM_KINDS[k].head == "AutoModelForCausalLM"]
+        archs = _local_architectures(self.model) if causal and self.model else []
+        if archs and not any(a.endswith("ForCausalLM") for a in archs):
+            raise ValueError(f"model: {self.model!r} holds a {archs[0]}, not a causal language model, which "
+                             f"{', '.join(causal)} needs (its reward is a log-likelihood ratio); give a policy "
+                             "checkpoint, or drop reward_model.model")
         return self
 
     @field_validator("kinds")
@@ -372,6 +395,18 @@ class RewardModelConfig(Section):
         if twice:
             raise ValueError(f"{', '.join(twice)} given more than once; each kind is one reward model")
         return v
+
+
+def _local_architectures(spec: str) -> list[str]:
+    """The architectures a local checkpoint directory's config.json names ([] for anything else: a .gguf file, a
+    package, a hub id, a missing path, which the preflight checks)."""
+    import json
+
+    path = Path(spec).expanduser() / "config.json"
+    try:
+        return list(json.loads(path.read_text()).get("architectures") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 class EvalConfig(SamplingConfig):
@@ -478,11 +513,31 @@ class PipelineConfig(Section):
         bad = [n for n in self.eval.best_of_n if not 1 <= n <= self.eval.samples_per_problem]
         if bad:
             raise ValueError(f"eval.best_of_n {bad} must lie in [1, eval.samples_per_problem]")
+        needs_mc = [kind for kind in self.reward_model.kinds if kind in mc_label_kinds()]
+        if self.collect.rollouts_per_step == 0 and needs_mc:
+            others = [k for k in RM_KINDS if k not in mc_label_kinds()]
+            raise ValueError(f"collect.rollouts_per_step: 0 collects no Monte-Carlo step labels, which "
+                             f"{', '.join(needs_mc)} in reward_model.kinds trains on: set rollouts_per_step >= 1, "
+                             f"or train only kinds that need none ({', '.join(others)})")
         if ("orm" in self.reward_model.kinds and self.reward_model.orm_loss == "pairwise"
                 and self.collect.samples_per_prompt < 2):
             raise ValueError("reward_model.orm_loss: pairwise needs a right and a wrong sample of one prompt, and "
                              f"collect.samples_per_prompt is {self.collect.samples_per_prompt}: set it to 2 or more, "
                              "or orm_loss: bce")
+        return self
+
+    @model_validator(mode="after")
+    def _online_update_applies(self):
+        if self.reward_model.implicit_online_lr is None:
+            return self
+        if not (supervision_mode(self.supervision.mode).step_rewards and self.reward_model.oracle is None
+                and self.supervision.process_reward_model == "implicit"):
+            raise ValueError("reward_model.implicit_online_lr updates the implicit PRM that gives GRPO its step "
+                             "rewards: it needs a mode with step rewards and supervision.process_reward_model: "
+                             "implicit (no oracle); drop it otherwise")
+        if self.launcher.kind != "local":
+            raise ValueError("reward_model.implicit_online_lr: the online update runs in one process (each process "
+                             "would update its own copy); use launcher.kind: local, or drop it")
         return self
 
     @model_validator(mode="after")

@@ -135,6 +135,9 @@ class ProcessGRPOTrainer(GRPOTrainer):
     and TRL's completions table shows them (a completion's first-token advantage); TRL's own `reward`,
     `reward_std` stay the outcome rewards'.
 
+    A step scorer with an `online_lr` (the implicit PRM with `reward_model.implicit_online_lr`, PRIME) first takes one
+    update on each training batch's completions and verifier outcomes (`update`), then scores them.
+
     Args:
         prm_scorer: scores each step of `prompt + completion` (required in a mode with step rewards).
         supervision: the `supervision:` config section (its mode, credit, baseline and weight), or a mode's name
@@ -193,6 +196,12 @@ class ProcessGRPOTrainer(GRPOTrainer):
 
         rows = [completion_steps(self.processing_class, r.tolist(), n) for r, n in zip(ids, lengths)]
         prompts = prompt_texts(inputs, self.processing_class, self.chat_template_kwargs)
+        if getattr(self.prm_scorer, "online_lr", None) and self.model.training:  # PRIME: update, then score
+            start = self.accelerator.process_index * len(inputs)  # this process's rows; the verifier is column 0
+            outcomes = self._last_rewards[start : start + len(inputs), 0].tolist()
+            live = [(prompts[i], r.text, outcomes[i]) for i, r in enumerate(rows) if r.length]  # masked: out
+            if live:
+                self.prm_scorer.update(*zip(*live))
         steps = scored_steps(self.prm_scorer, prompts, rows)  # a masked completion is not even scored
         all_scores, all_ends = gather_object([s for s, _ in steps]), gather_object([e for _, e in steps])
         group_size = self.num_generations if self.model.training else self.num_generations_eval

@@ -35,8 +35,11 @@ def _policy_model(cfg: PipelineConfig) -> str:
 
 
 def _reward_model_backbone(cfg: PipelineConfig) -> str:
+    from pipeline.rm_kinds import RM_KINDS
+
     spec = cfg.reward_model.model
-    return "the round's policy" if spec is None else _model(spec, "reward_model.model")
+    causal = any(RM_KINDS[k].head == "AutoModelForCausalLM" for k in cfg.reward_model.kinds)  # the implicit PRM
+    return "the round's policy" if spec is None else _model(spec, "reward_model.model", causal_lm=causal)
 
 
 def _prm_layout(cfg: PipelineConfig) -> str:
@@ -47,7 +50,7 @@ def _prm_layout(cfg: PipelineConfig) -> str:
     from pipeline.rm_kinds.heads import single_token
 
     rm = cfg.reward_model
-    if not any(rm_entry(kind).scores_steps for kind in rm.kinds):
+    if not any(rm_entry(kind).layouts for kind in rm.kinds):
         return "no PRM"
     layout = layout_of(rm)
     if rm.init:
@@ -85,7 +88,7 @@ def _init_layout(cfg: PipelineConfig, asked):
         kind = reward_model_kind(path)
     except ValueError:  # a causal LM, as a published label-token PRM is
         kind = None
-    if kind is not None and not rm_entry(kind).scores_steps:
+    if kind is not None and not rm_entry(kind).layouts:
         raise ValueError(f"reward_model.init: {spec} is {kind_name(kind)}, not a PRM (a kind that scores steps)")
     recorded = reward_model_layout(path) if Path(path).is_dir() else None
     if recorded is None:

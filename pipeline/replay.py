@@ -95,7 +95,7 @@ def _validate_row(index: int, row: dict) -> None:
                 f"expected {field.type}"
             )
     for name in _STEP_LABEL_COLUMNS:
-        if len(row[name]) != len(row["steps"]):
+        if row[name] and len(row[name]) != len(row["steps"]):  # none at all: collected without MC rollouts
             raise ValueError(
                 f"row {index}: column {name!r} has {len(row[name])} labels for {len(row['steps'])} steps"
             )
@@ -109,7 +109,7 @@ def write_shard(rows: list[dict], path: str | os.PathLike) -> Path:
 
     Args:
         rows: one dict per sample, exactly the columns of `SHARD_SCHEMA`; `he_labels` and `se_labels`
-            hold one label per entry of `steps`.
+            hold one label per entry of `steps`, or none (collected with `collect.rollouts_per_step: 0`).
         path: the shard's path, usually `RunDir(run_dir).shard(round)`; parent directories are created.
 
     Returns:

@@ -148,7 +148,7 @@ def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: 
     spec = rm_kind(kind)
     model, tokenizer, _ = load_reward_model(path, expect=kind)
     # A PRM is read in its checkpoint's layout whatever the config asks (one saved with none: the value head).
-    layout = (reward_model_layout(path) or PrmLayout()) if rm_entry(kind).scores_steps else None
+    layout = (reward_model_layout(path) or PrmLayout()) if rm_entry(kind).layouts else None
     scorer = spec.scorer(model, tokenizer, batch_size, with_layout(rm, layout))
     return ExploitedScorer(scorer, **rm.exploit.model_dump()) if rm.exploit else scorer
 
@@ -163,8 +163,8 @@ def with_layout(rm: RewardModelConfig, layout: PrmLayout | None) -> RewardModelC
 
 def init_layout(rm: RewardModelConfig, kind: str, path: str | Path) -> PrmLayout | None:
     """The layout of an RM of `kind` loaded from `path`: the one its checkpoint records, else the config's (a
-    published PRM, `reward_model.init`); None for a kind that scores no steps."""
-    if not rm_entry(kind).scores_steps:
+    published PRM, `reward_model.init`); None for a kind without layouts (`RMKindEntry.layouts`)."""
+    if not rm_entry(kind).layouts:
         return None
     local = Path(str(path)).expanduser()
     return (reward_model_layout(local) if local.is_dir() else None) or layout_of(rm)
@@ -278,7 +278,7 @@ def train_reward_model(
     published PRM); afresh, it is built in `reward_model.head`'s layout. The saved checkpoint records it.
 
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
-    transformers' Trainer and `bce_loss`.
+    transformers' Trainer and `bce_loss`, or the kind's own `loss` and `collate` (`RewardModelKind`).
     """
     spec = rm_kind(kind)
     layout = init_layout(cfg.reward_model, kind, init) if warm else None
@@ -286,12 +286,15 @@ def train_reward_model(
         model, tokenizer, _ = load_reward_model(init, expect=kind, layout=layout)
     else:
         torch.manual_seed(cfg.run.seed)  # the new head's init: the same on a resumed run
-        layout = layout_of(cfg.reward_model) if rm_entry(kind).scores_steps else None
+        layout = layout_of(cfg.reward_model) if rm_entry(kind).layouts else None
         model, tokenizer = reward_model_from_policy(str(init), kind, layout)
     rm = with_layout(cfg.reward_model, layout)
     examples = spec.examples(rows, tokenizer, rm)
     if not examples:
         raise ValueError(f"no {kind.upper()} training examples: the shard has no completion with a step")
+    meta = {}
+    if spec.prepare:  # what the loss needs from outside the trained model (the implicit PRM's reference)
+        examples, meta = spec.prepare(examples, str(init), warm, rm)
     if rm.lora:
         lo = rm.lora
         task = prm_head(layout.head).lora_task_type if layout else spec.lora_task_type
@@ -308,13 +311,16 @@ def train_reward_model(
                                 processing_class=tokenizer, callbacks=callbacks)
     else:
         args = TrainingArguments(output_dir=str(scratch), **{**defaults, **cfg.reward_model.train_args})
-        loss = spec.loss(rm, tokenizer) if spec.loss else None  # a PRM's tag layouts: cross-entropy
+        loss = spec.loss(rm, tokenizer) if spec.loss else None  # a PRM's tag layouts, the implicit PRM
         trainer = Trainer(
             model=model, args=args, train_dataset=Dataset.from_list(examples),
-            data_collator=collate(tokenizer.pad_token_id), compute_loss_func=loss or bce_loss, callbacks=callbacks,
+            data_collator=(spec.collate or collate)(tokenizer.pad_token_id), compute_loss_func=loss or bce_loss,
+            callbacks=callbacks,
         )
+        if spec.loss_is_mean:  # Trainer then divides it by the accumulation steps
+            trainer.loss_is_scaled_for_ga = False
     train_in_scratch(trainer)
-    return save_model(trainer.model, tokenizer, out_dir, kind=kind, layout=layout)
+    return save_model(trainer.model, tokenizer, out_dir, kind=kind, layout=layout, meta=meta)
 
 
 def adopt_reward_model(rm: RewardModelConfig, kind: str, init: str, out_dir: str | Path) -> Path:
@@ -383,7 +389,7 @@ def run_reward_model_phase(
     paths = {}
     for kind in rm.kinds:
         prev = (previous or {}).get(kind)
-        init = rm.init if rm_entry(kind).scores_steps else None  # where a PRM starts instead of a new head
+        init = rm.init if rm_entry(kind).layouts else None  # where a PRM starts instead of a new head
         if frozen:
             paths[kind] = Path(prev)
         elif init and round_index == 0:

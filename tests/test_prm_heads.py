@@ -225,8 +225,8 @@ def test_round_1_trains_the_init_prm_further_in_its_own_layout(tmp_path, tiny_po
 
 @pytest.mark.parametrize("reward_model, expected", [
     ({"head": "value_tokens"}, "reward_model.head: .*unknown PRM head 'value_tokens'; known: value, label_tokens"),
-    ({"kinds": ["orm"], "head": "label_tokens"}, "head: only a kind that scores steps .* has a PRM layout"),
-    ({"kinds": ["orm"], "init": "./prm"}, "init: only a kind that scores steps"),
+    ({"kinds": ["orm"], "head": "label_tokens"}, "head: only prm has a PRM layout"),
+    ({"kinds": ["orm"], "init": "./prm"}, "init: only prm has a PRM layout"),
     ({"step_tag": "ки"}, "step_tag: head 'value' puts no tag after a step"),
     ({"head": "classification", "label_tokens": ["+", "-"]}, "label_tokens: head 'classification' reads no label"),
     ({"head": "label_tokens", "label_tokens": ["+"]}, r"label_tokens: \['\+'\] must be two different tokens"),

@@ -37,7 +37,15 @@ class RewardModelKind:
         lora_task_type: peft's task type of its head.
         solution_auc: the metric of `metrics` that is the AUC of its solution scores against the verifier.
         loss: (`reward_model:` config, tokenizer) -> Trainer's `compute_loss_func` where it is not BCE on one logit
-            (a PRM's tag layouts); None, or a None returned: `reward_model.bce_loss`.
+            (a PRM's tag layouts, the implicit PRM); None, or a None returned: `reward_model.bce_loss`. It follows
+            `bce_loss`'s contract (its sum over Trainer's `num_items_in_batch`), unless `loss_is_mean`.
+        loss_is_mean: its loss returns its micro-batch's mean (Trainer cannot count items of its labels, e.g. a
+            tuple): Trainer then divides it by the accumulation steps.
+        collate: (pad token id) -> the data collator of its examples; None: `reward_model.collate`.
+        prepare: (examples, what training starts from, warm, `reward_model:` config) -> (the examples with what the
+            loss needs from outside the trained model, what the checkpoint's `igrpo.json` records beside its kind);
+            None: the examples as they are, nothing more recorded. The implicit PRM's: its reference model's
+            log-probabilities, and which reference (`pipeline/rm_kinds/implicit.py`).
     """
 
     examples: Callable[[list[dict], Any, Any], list[dict]]
@@ -47,6 +55,9 @@ class RewardModelKind:
     lora_task_type: str
     solution_auc: str
     loss: Callable[[Any, Any], Callable | None] | None = None
+    loss_is_mean: bool = False
+    collate: Callable[[int], Callable] | None = None
+    prepare: Callable[[list[dict], str, bool, Any], tuple[list[dict], dict]] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,19 +70,30 @@ class RMKindEntry:
         scores_steps: its scorer reads a score at every step end (it can give process supervision's step rewards).
         implementation: its `RewardModelKind`, or where it is, "module:attribute" (imported on first use).
         description: one line, for the docs' table.
+        mc_labels: it trains on the collection's Monte-Carlo step labels, so `collect.rollouts_per_step: 0` (no
+            rollouts) is refused while it is in `reward_model.kinds`.
+        layouts: its model takes a PRM head layout (`reward_model.head`, `step_tag`, `label_tokens`, `init`;
+            `PRM_HEADS`), recorded in its checkpoint.
     """
 
     head: str
     scores_steps: bool
     implementation: str | RewardModelKind
     description: str = ""
+    mc_labels: bool = True
+    layouts: bool = False
 
 
 RM_KINDS: dict[str, RMKindEntry] = {
     "prm": RMKindEntry("AutoModelForTokenClassification", True, "pipeline.rm_kinds.prm:PRM",
-                       "process RM: P(step correct) at each step's end, BCE on the MC step labels (hard or soft)"),
+                       "process RM: P(step correct) at each step's end, BCE on the MC step labels (hard or soft)",
+                       layouts=True),
     "orm": RMKindEntry("AutoModelForSequenceClassification", False, "pipeline.rm_kinds.orm:ORM",
-                       "outcome RM: P(correct) of a whole solution, BCE on the verifier's labels, or pairwise"),
+                       "outcome RM: P(correct) of a whole solution, BCE on the verifier's labels, or pairwise",
+                       mc_labels=False),
+    "implicit": RMKindEntry("AutoModelForCausalLM", True, "pipeline.rm_kinds.implicit:IMPLICIT",
+                            "implicit PRM: beta log(pi/pi_ref) of a causal LM, BCE on the verifier's labels; "
+                            "its partial sums value every step", mc_labels=False),
 }
 
 
@@ -94,6 +116,16 @@ def rm_kind(kind: str) -> RewardModelKind:
         module, _, attr = impl.partition(":")
         impl = getattr(importlib.import_module(module), attr)
     return impl
+
+
+def mc_label_kinds() -> list[str]:
+    """The kinds that train on Monte-Carlo step labels (`RMKindEntry.mc_labels`)."""
+    return [name for name, e in RM_KINDS.items() if e.mc_labels]
+
+
+def layout_kinds() -> list[str]:
+    """The kinds whose model takes a PRM head layout (`RMKindEntry.layouts`)."""
+    return [name for name, e in RM_KINDS.items() if e.layouts]
 
 
 def step_kinds() -> list[str]:

@@ -1,0 +1,263 @@
+"""The implicit PRM (`reward_model.kinds: [implicit]`, pipeline/rm_kinds/implicit.py): its scores against the formula
+computed by hand from the two models' logits, its loss, one real training through the RM phase's code path, the
+config's checks, PRIME's online update, a collection without MC rollouts, and two rounds of process supervision from
+it (with the online update)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tests.helpers import SIZES, mini_config
+
+
+def _cfg(**reward_model):
+    """A config training only the implicit PRM, process mode from it, no MC rollouts."""
+    from pipeline.loading import config_from_dict
+
+    return config_from_dict({"reward_model": {"kinds": ["implicit"], **reward_model},
+                             "supervision": {"process_reward_model": "implicit"},
+                             "collect": {"rollouts_per_step": 0}}, check_trl=False)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two different tiny random causal LMs over the char tokenizer, saved: pi_phi (seed 0) as an implicit PRM
+    checkpoint whose igrpo.json names pi_ref (seed 1) and beta 0.5, and pi_ref as a policy."""
+    from models import char_tokenizer, save_model, tiny_policy
+
+    tok, root = char_tokenizer(), tmp_path_factory.mktemp("implicit")
+    ref = save_model(tiny_policy(tok, **SIZES["tiny"], seed=1), tok, root / "reference")
+    phi = save_model(tiny_policy(tok, **SIZES["tiny"], seed=0), tok, root / "implicit", kind="implicit",
+                     meta={"reference": str(ref), "beta": 0.5})
+    return phi, ref, tok
+
+
+def _hand_values(phi, ref, tok, prompt: str, completion: str, beta: float) -> list[float]:
+    """V_k by the formula, a plain loop over the tokens of one unpadded forward of each model: token t's log-prob is
+    the log-softmax of the logits at t - 1, picked at token t.
+
+    The char tokenizer has one token per character and no special tokens, so token i is character i: the
+    completion's first token is len(prompt), and a step ends at its newline (or the last character).
+    """
+    ids = tok(prompt + completion).input_ids
+    ends = [len(prompt) + i for i, ch in enumerate(completion) if ch == "\n"] + [len(prompt) + len(completion) - 1]
+    with torch.no_grad():
+        phi_logits, ref_logits = (m(torch.tensor([ids])).logits[0].double() for m in (phi, ref))  # (T, V) each
+    values, total = [], 0.0
+    for t in range(len(prompt), len(ids)):
+        lp = torch.log_softmax(phi_logits[t - 1], -1)[ids[t]]
+        lr = torch.log_softmax(ref_logits[t - 1], -1)[ids[t]]
+        total += beta * float(lp - lr)
+        if t in ends:
+            values.append(total)
+    return values
+
+
+def test_step_scores_are_the_sigmoid_of_the_hand_computed_values(pair):
+    from models import load_policy
+    from pipeline.config import RewardModelConfig
+    from pipeline.reward_model import load_scorer
+
+    phi_dir, ref_dir, tok = pair
+    rm = RewardModelConfig(kinds=["implicit"], aggregation="last", implicit_beta=3.0)  # beta: the checkpoint's 0.5
+    scorer = load_scorer("implicit", phi_dir, rm, batch_size=2)
+    prompts = ["What is 3+4?\n", "What is 12-5?\n", "Q\n"]
+    completions = ["3+4=7\nAnswer: 7", "12-5=8\n8-1=7\nAnswer: 7\n", "Answer: 1"]  # unequal lengths: padding
+    steps = scorer.step_scores(prompts, completions)
+    phi, ref = load_policy(str(phi_dir))[0].eval(), load_policy(str(ref_dir))[0].eval()
+    for p, c, got in zip(prompts, completions, steps):
+        want = [1 / (1 + math.exp(-v)) for v in _hand_values(phi, ref, tok, p, c, beta=0.5)]
+        assert got == pytest.approx(want, abs=1e-5)
+        assert len(got) == len([s for s in c.split("\n") if s.strip()])
+    # Two different random models: the values move away from 0.5 and differ by step.
+    assert max(abs(s - 0.5) for s in steps[1]) > 1e-3
+    # aggregation last: the solution score is sigmoid(r(y)) over the whole completion, the trained probability.
+    assert scorer(prompts, completions) == pytest.approx([s[-1] for s in steps], abs=1e-12)
+
+
+def test_a_blank_completion_scores_one_half_and_the_model_and_its_reference_agree_at_start(pair):
+    from models import load_policy
+    from pipeline.rm_kinds.implicit import ImplicitPrmScorer
+
+    phi_dir, _, tok = pair
+    model = load_policy(str(phi_dir))[0]
+    same = ImplicitPrmScorer(model, load_policy(str(phi_dir))[0], tok, beta=0.05)
+    # pi_phi = pi_ref (the implicit PRM as it starts): every value is 0, every score 1/2.
+    assert same.step_scores(["Q\n", "Q\n"], ["1+1=2\nAnswer: 2", ""]) == [[0.5, 0.5], [0.5]]
+
+
+def test_the_loss_is_bce_of_beta_times_the_summed_log_ratio():
+    from types import SimpleNamespace
+
+    from pipeline.rm_kinds.implicit import implicit_loss, token_logprobs
+
+    torch.manual_seed(0)
+    logits, ids = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
+    ref = torch.randn(2, 5)
+    completion = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 0.0]])
+    outcome = torch.tensor([1.0, 0.0])
+    got = implicit_loss(SimpleNamespace(logits=logits), (outcome, ids, ref, completion), beta=0.3)
+    logp = token_logprobs(logits, ids)
+    want = 0.0
+    for i in range(2):  # plain loop: r_i = beta * sum over the masked tokens of (log pi - log pi_ref)
+        r = 0.3 * sum(float(logp[i, t] - ref[i, t]) for t in range(5) if completion[i, t])
+        p = 1 / (1 + math.exp(-r))
+        want += -(float(outcome[i]) * math.log(p) + (1 - float(outcome[i])) * math.log(1 - p)) / 2
+    assert float(got) == pytest.approx(want, abs=1e-6)
+    # token_logprobs against log_softmax itself
+    assert float(logp[1, 3]) == pytest.approx(float(torch.log_softmax(logits[1, 2], -1)[ids[1, 3]]), abs=1e-6)
+
+
+# Right answers end in 7, wrong ones in 9: separable by the last token alone.
+ROWS = [{"prompt": f"What is {a}+{7 - a}?\n", "completion": f"{a}+{7 - a}={7 if good else 9}\nAnswer: "
+         f"{7 if good else 9}", "outcome": int(good)} for a in range(1, 5) for good in (True, False)]
+
+
+def _logged_losses():
+    from transformers import TrainerCallback
+
+    class Losses(TrainerCallback):
+        def __init__(self):
+            self.seen = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.seen.append(logs["loss"])
+
+    return Losses()
+
+
+def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tiny_policy_dir, tmp_path):
+    from models import load_reward_model
+    from pipeline.reward_model import auc, load_scorer, train_reward_model
+
+    cfg = _cfg(implicit_beta=0.5, train_args={"learning_rate": 3e-3, "max_steps": 8, "per_device_train_batch_size": 8,
+                                              "logging_steps": 1})
+    rows, losses = ROWS, _logged_losses()
+    out = train_reward_model(cfg, "implicit", rows, tiny_policy_dir, tmp_path / "implicit", warm=False,
+                             callbacks=[losses])
+    # Step 1: pi_phi is pi_ref, so r = 0 and the loss is log 2 exactly; then it falls.
+    assert losses.seen[0] == pytest.approx(math.log(2), abs=1e-3)
+    assert losses.seen[-1] < losses.seen[0] - 0.1, losses.seen
+    record = json.loads((out / "igrpo.json").read_text())
+    assert record == {"complete": True, "kind": "implicit", "reference": str(tiny_policy_dir.resolve()), "beta": 0.5}
+    model, _, kind = load_reward_model(out, expect="implicit")
+    assert kind == "implicit" and type(model).__name__ == "LlamaForCausalLM"
+    scores = load_scorer("implicit", out, cfg.reward_model)([r["prompt"] for r in rows], [r["completion"] for r in rows])
+    assert auc(scores, [r["outcome"] for r in rows]) == 1.0
+    # A warm start keeps the reference of the checkpoint it starts from (the round-0 policy), not the checkpoint.
+    from pipeline.rm_kinds.implicit import reference_spec
+
+    assert reference_spec(str(out), warm=True) == str(tiny_policy_dir.resolve())
+
+
+def test_gradient_accumulation_keeps_the_step_s_mean_loss(tiny_policy_dir, tmp_path):
+    # Trainer cannot count the items of the implicit PRM's tuple labels, so its loss is each micro-batch's mean
+    # and Trainer divides it by the accumulation (`loss_is_scaled_for_ga`). At the start r = 0 and every BCE is
+    # log 2: 4 micro-batches of 2 log a loss of log 2 as 1 batch of 8 does, where the undivided sum would be 4 log 2.
+    from pipeline.reward_model import train_reward_model
+
+    for batch, accum in ((8, 1), (2, 4)):
+        losses = _logged_losses()
+        cfg = _cfg(train_args={"max_steps": 1, "per_device_train_batch_size": batch,
+                               "gradient_accumulation_steps": accum, "logging_steps": 1})
+        train_reward_model(cfg, "implicit", ROWS, tiny_policy_dir, tmp_path / f"x{accum}", warm=False,
+                           callbacks=[losses])
+        assert losses.seen == [pytest.approx(math.log(2), abs=1e-3)], (batch, accum)
+
+
+def test_the_online_update_learns_from_a_batch_s_outcomes(tiny_policy_dir):
+    # PRIME's online update, called by ProcessGRPOTrainer on every batch: one step at a time, the loss falls.
+    from models import load_policy
+    from pipeline.reward_model import auc
+    from pipeline.rm_kinds.implicit import ImplicitPrmScorer
+
+    model, tok = load_policy(str(tiny_policy_dir))
+    scorer = ImplicitPrmScorer(model, load_policy(str(tiny_policy_dir))[0], tok, beta=0.5, online_lr=3e-3)
+    prompts = [f"What is {a}+{7 - a}?\n" for a in range(1, 5) for _ in (0, 1)]
+    completions = [f"Answer: {7 if good else 9}" for _ in range(1, 5) for good in (True, False)]
+    outcomes = [1.0, 0.0] * 4
+    losses = [scorer.update(prompts, completions, outcomes) for _ in range(6)]
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-4) and losses[-1] < losses[0] - 0.1, losses
+    assert not scorer.model.training  # back to scoring
+    assert auc(scorer(prompts, completions), outcomes) == 1.0
+    assert scorer.update(["Q\n"], ["  "], [1.0]) is None  # nothing to learn from a blank completion
+
+
+def test_the_config_checks(tiny_dirs):
+    from pipeline.config import ConfigError
+    from pipeline.loading import config_from_dict
+
+    cfg = _cfg()
+    assert cfg.reward_model.implicit_beta == 0.05 and cfg.collect.rollouts_per_step == 0
+    with pytest.raises(ConfigError, match="reward_model.implicit_beta: Input should be greater than 0"):
+        _cfg(implicit_beta=0)
+    with pytest.raises(ConfigError, match="collect.rollouts_per_step: 0 collects no Monte-Carlo step labels, which "
+                                          "prm in reward_model.kinds trains on"):
+        config_from_dict({"collect": {"rollouts_per_step": 0}}, check_trl=False)  # the default kinds: prm, orm
+    assert config_from_dict({"collect": {"rollouts_per_step": 0}, "reward_model": {"kinds": ["orm", "implicit"]},
+                             "supervision": {"mode": "outcome"}}, check_trl=False)
+    with pytest.raises(ConfigError, match="holds a LlamaForTokenClassification, not a causal language model, "
+                                          "which implicit needs"):
+        _cfg(model=str(tiny_dirs / "prm"))
+    assert _cfg(model=str(tiny_dirs / "policy")).reward_model.model == str(tiny_dirs / "policy")
+    assert _cfg(implicit_online_lr=1e-6).reward_model.implicit_online_lr == 1e-6
+    with pytest.raises(ConfigError, match="implicit_online_lr updates the implicit PRM that gives GRPO its step"):
+        config_from_dict({"reward_model": {"kinds": ["implicit", "prm"], "implicit_online_lr": 1e-6}}, check_trl=False)
+
+
+def test_a_policy_checkpoint_is_not_taken_for_an_implicit_prm(tiny_dirs):
+    from models import load_reward_model
+
+    with pytest.raises(ValueError, match="not a reward model"):  # its igrpo.json names no kind
+        load_reward_model(tiny_dirs / "policy", expect="implicit")
+
+
+def test_a_collection_without_rollouts_labels_no_step(tiny_policy_dir, tmp_path):
+    import shutil
+
+    from pipeline.collect import run_collection_phase
+    from pipeline.loading import config_from_dict
+    from pipeline.problems import problem_set_from_config
+    from pipeline.replay import read_shard
+    from pipeline.rundir import RunDir
+
+    data = mini_config(tmp_path, collect={"prompts_per_round": 2, "samples_per_prompt": 2, "rollouts_per_step": 0,
+                                          "max_new_tokens": 12},
+                       reward_model={"kinds": ["implicit"]}, supervision={"process_reward_model": "implicit"})
+    cfg = config_from_dict(data, check_trl=False)
+    shutil.copytree(tiny_policy_dir, RunDir(cfg.run_dir).policy(0))
+    res = run_collection_phase(cfg, problem_set_from_config(cfg), RunDir(cfg.run_dir).policy(0), cfg.run_dir, 0)
+    rows = read_shard(res.shard_path)
+    assert len(rows) == 4 and res.metrics["collect/rollouts"] == 0
+    assert all(r["he_labels"] == [] and r["se_labels"] == [] and r["rollouts"] == 0 for r in rows)
+    assert "collect/he_gold_agreement" not in res.metrics  # nothing to agree
+
+
+@pytest.mark.slow  # two real rounds: SFT, collection, implicit PRM training, GRPO, eval
+def test_two_rounds_of_process_supervision_from_the_implicit_prm(tmp_path, mlflow_tmp):
+    from pipeline import rounds
+    from pipeline.loading import config_from_dict
+    from pipeline.rundir import Manifest, RunDir, read_json
+
+    data = mini_config(tmp_path, run={"rounds": 1}, collect={"rollouts_per_step": 0},
+                       supervision={"mode": "process", "process_reward_model": "implicit", "prompts_per_round": 8},
+                       reward_model={"kinds": ["implicit"], "implicit_online_lr": 1e-5},  # PRIME's update too
+                       tracking={"tracking_uri": mlflow_tmp})
+    cfg = config_from_dict(data)
+    rounds.open_run(cfg)
+    rounds.run_rounds(cfg)
+
+    run, manifest = RunDir(cfg.run_dir), Manifest.load(cfg.run_dir)
+    # Round 1 warm-started from round 0's implicit PRM and kept round 0's policy as its reference.
+    for r in (0, 1):
+        record = json.loads((run.reward_model(r, "implicit") / "igrpo.json").read_text())
+        assert record["kind"] == "implicit" and record["reference"] == str(run.policy(0).resolve())
+    assert "implicit/solution_auc" in manifest.output(1, "reward_model")["metrics"]
+    assert manifest.output(1, "policy")["metrics"]  # GRPO ran in process mode on its step scores
+    figures = read_json(run.eval_json(1))["metrics"]
+    assert {"bon/implicit@2", "bon/implicit_vote@4", "eval/implicit_step_auc_gold"} <= set(figures)
