@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.problems import problem_set_from_config
-from pipeline.rundir import Manifest, RunDir, phase_key, read_json, remove_scratch, stop_if_told
+from pipeline.rundir import Manifest, RunDir, keep_resumable, phase_key, read_json, stop_if_told
 
 log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
 
@@ -267,7 +267,8 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
             tracking.log_metrics(runs.run_id, result.metrics)
             tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
     except BaseException:
-        remove_scratch(RunDir(cfg.run_dir).round(round_index))  # nothing half-written left, wherever it stopped
+        # Checkpoints and finished batches stay for the next attempt (`pipeline.resume`); nothing half-written does.
+        keep_resumable(RunDir(cfg.run_dir).round(round_index))
         raise
     manifest = Manifest.load(cfg.run_dir)
     manifest.record(round_index, name, result.to_manifest())

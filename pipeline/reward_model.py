@@ -25,10 +25,11 @@ from transformers import Trainer, TrainingArguments
 from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora
 from pipeline.config import PipelineConfig, RewardModelConfig
-from pipeline.passthrough import checkpointing_defaults, device_defaults
+from pipeline.passthrough import RESUMABLE, checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
 from pipeline.rm_kinds import rm_kind
-from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, train_in_scratch, write_json_atomic
+from pipeline.resume import fingerprint, train_resumable
+from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, write_json_atomic
 from pipeline.scorers import Scores, aggregate
 
 
@@ -250,6 +251,7 @@ def train_reward_model(
     warm: bool,
     report_to: str = "none",
     callbacks=None,
+    round_index: int | None = None,
 ) -> Path:
     """Train one RM of `kind` (a key of `pipeline.rm_kinds.RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else a policy's
     backbone: `reward_model.model` or the round's policy, `backbone`).
@@ -269,7 +271,7 @@ def train_reward_model(
     if cfg.reward_model.lora:
         lo = cfg.reward_model.lora
         model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, spec.lora_task_type)
-    defaults = {"report_to": report_to, "save_strategy": "no", "seed": cfg.run.seed, "remove_unused_columns": False,
+    defaults = {"report_to": report_to, **RESUMABLE, "seed": cfg.run.seed, "remove_unused_columns": False,
                 "run_name": f"{kind}-training", **device_defaults()}
     scratch = scratch_dir(out_dir)
     if spec.pairwise(cfg.reward_model):
@@ -285,8 +287,17 @@ def train_reward_model(
             model=model, args=args, train_dataset=Dataset.from_list(examples),
             data_collator=collate(tokenizer.pad_token_id), compute_loss_func=bce_loss, callbacks=callbacks,
         )
-    train_in_scratch(trainer)
+    train_resumable(trainer, fingerprint(cfg, f"reward_model/{kind}", round_index, init=str(init), warm=warm,
+                                         out=str(out_dir), rows=hash_rows(rows)))
     return save_model(trainer.model, tokenizer, out_dir, kind=kind)
+
+
+def hash_rows(rows: list[dict]) -> str:
+    """A digest of training rows, for a checkpoint's fingerprint (`pipeline.resume`): other rows, another training."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def evaluate_reward_model(
@@ -354,7 +365,7 @@ def run_reward_model_phase(
             out = RunDir(run_dir).reward_model(round_index, kind)
             with (run_context(kind) if run_context else contextlib.nullcontext()):
                 paths[kind] = train_reward_model(cfg, kind, rows, prev if warm else backbone(cfg, policy_path), out,
-                                                 warm, report_to, callbacks)
+                                                 warm, report_to, callbacks, round_index)
         if held:
             figures = evaluate_reward_model(paths[kind], kind, held, rm)
             metrics.update(figures)

@@ -90,7 +90,8 @@ def test_a_resume_names_a_damaged_recorded_output_before_any_work(tmp_path, caps
 
 def test_a_phase_stopped_anywhere_leaves_no_trainer_scratch(tmp_path, mlflow_tmp, monkeypatch):
     # Seen in the stop-and-resume chain: a SIGTERM in round 0's reward_model left round-000/reward_model/.trainer-prm
-    # (a Trainer makes its output_dir as it is built, before train_in_scratch's guard).
+    # (a Trainer makes its output_dir as it is built, before `train_resumable` claims it): one without a checkpoint
+    # holds nothing to resume and goes (`keep_resumable`).
     from pipeline import phases
     from pipeline.rounds import open_run
     from pipeline.rundir import RunDir
