@@ -38,9 +38,9 @@ from pipeline.modes import AdvantageInputs, supervision_mode
 from pipeline.passthrough import grpo_config
 from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
+from pipeline.resume import fingerprint, train_resumable
 from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_models_needed
-from pipeline.resume import fingerprint, train_resumable
 from pipeline.rundir import scratch_dir
 from pipeline.scorers import GoldStepScorer, PrmScorer
 from pipeline.steps import step_token_ends, token_spans

@@ -76,7 +76,8 @@ def claim(scratch: str | Path, fingerprint_: str) -> bool:
             found = None
         if found == fingerprint_:
             return True
-        log.warning("%s: left by other work (another config, phase or round): deleted, not resumed", scratch)
+        if found is not None or any(scratch.iterdir()):  # else only made by the Trainer as it was built
+            log.warning("%s: left by other work (another config, phase or round): deleted, not resumed", scratch)
         shutil.rmtree(scratch)
     scratch.mkdir(parents=True)
     write_json_atomic(mark, {"fingerprint": fingerprint_})

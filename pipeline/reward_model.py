@@ -27,8 +27,8 @@ from models.factories import apply_lora
 from pipeline.config import PipelineConfig, RewardModelConfig
 from pipeline.passthrough import RESUMABLE, checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
-from pipeline.rm_kinds import rm_kind
 from pipeline.resume import fingerprint, train_resumable
+from pipeline.rm_kinds import rm_kind
 from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, write_json_atomic
 from pipeline.scorers import Scores, aggregate
 

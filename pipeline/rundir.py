@@ -187,6 +187,10 @@ class RunDir:
     def eval_plot(self, r: int) -> Path:
         return self.round(r) / "pass_maj.png"
 
+    def collect_parts(self, r: int) -> Path:
+        """A collection's finished parts while it runs (`pipeline.collect`), kept across a stop."""
+        return self.round(r) / ".collect-parts"
+
     def launch(self, r: int, phase: str) -> Path:
         return self.round(r) / f".launch-{phase}"
 

@@ -223,3 +223,39 @@ def test_generation_cycle_in_optimizer_steps():
     assert generation_cycle(A(steps_per_generation=4, num_iterations=1, gradient_accumulation_steps=4)) == 1
     assert generation_cycle(A(steps_per_generation=2, num_iterations=2, gradient_accumulation_steps=1)) == 4
     assert generation_cycle(A(steps_per_generation=4, num_iterations=1, gradient_accumulation_steps=6)) == 2
+
+
+@pytest.mark.slow  # three collections of 2-3 parts
+def test_a_collection_stopped_after_a_part_resumes_after_it_to_the_same_shard(tmp_path, tiny_policy_dir,
+                                                                            monkeypatch):
+    """6 prompts in parts of 2: stopped while labelling part 2, the resume reads part 1 back and collects parts 2
+    and 3 only, to the shard of a collection never stopped (each part seeded by its index, not by its turn)."""
+    from pipeline import collect
+    from pipeline.problems import problem_set_from_config
+    from pipeline.replay import read_shard
+    from pipeline.rundir import RunDir
+
+    cfg = config_from_dict(mini_config(tmp_path, collect={"prompts_per_part": 2}), check_trl=False)
+    ps = problem_set_from_config(cfg)
+    ref = collect.run_collection_phase(cfg, ps, tiny_policy_dir, tmp_path / "ref", 1)
+    real, calls = collect.collect_part, []
+
+    def stopped_in_part_2(*args, **kwargs):
+        calls.append(args[-1])  # its seed
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(collect, "collect_part", stopped_in_part_2)
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        collect.run_collection_phase(cfg, ps, tiny_policy_dir, run.root, 1)
+    assert sorted(p.name for p in run.collect_parts(1).iterdir()) == ["igrpo-fingerprint.json", "part-00000.json"]
+    assert not run.shard(1).exists()
+    res = collect.run_collection_phase(cfg, ps, tiny_policy_dir, run.root, 1)
+    assert calls[2:] == calls[1:2] + [calls[1] + collect.PART_SEED_STRIDE]  # parts 2 (again) and 3, not part 1
+    assert read_shard(res.shard_path) == read_shard(ref.shard_path)
+    timings = ("_per_s",)
+    assert ({k: v for k, v in res.metrics.items() if not k.endswith(timings)}
+            == {k: v for k, v in ref.metrics.items() if not k.endswith(timings)})
+    assert not run.collect_parts(1).exists()
