@@ -8,6 +8,10 @@ longer reach the gold answer, assuming reachability is monotone, with about log2
 labels of the steps it never probes are imputed from the search (HE, and SE set to HE: a hard label where
 `target: soft` asks for a soft one), and `collect/imputed_label_share` logs their share.
 
+The prompts are sampled and labelled in parts (`collect.prompts_per_part`), each seeded by its index and kept in
+the round's `.collect-parts/` as it finishes, so that a stopped collection resumes after its last finished part to
+the same shard (`pipeline/resume.py`).
+
 A prefix is cut from the policy's own tokens: the prompt's ids, then the sampled completion's ids up to
 the token holding the step's end (`steps.step_token_ends`, the token the PRM is trained on). Rollouts go on
 from those ids, never from the prefix's text tokenized again (which can give other tokens: SentencePiece

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import shutil
 import signal
 import threading
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
 
-from pipeline.rundir import STOP, TRAINER_STATE, last_checkpoint, read_json, stop_if_told, write_json_atomic
+from pipeline.rundir import STOP, TRAINER_STATE, last_checkpoint, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -90,17 +91,19 @@ class StopAtStepBoundary(TrainerCallback):
     Only at a step that ends a generation cycle (every `cycle` optimizer steps): GRPO generates a batch for several
     steps (`steps_per_generation`, `num_iterations`) and a checkpoint keeps no generations, so one saved inside a
     cycle would resume on other completions. Periodic saves there are skipped for the same reason, and so is
-    transformers' save at the last step (the phase saves the model itself right after).
+    transformers' save at the last step unless told to stop (the phase saves the model itself right after).
     """
 
     def __init__(self, cycle: int = 1):
         self.cycle = max(1, cycle)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.cycle or state.global_step >= state.max_steps:
+        if state.global_step % self.cycle:
             control.should_save = False
-        elif STOP.is_set():
+        elif STOP.is_set():  # at the last step too: the resume then only saves the model
             control.should_save = control.should_training_stop = True
+        elif state.global_step >= state.max_steps:
+            control.should_save = False
         return control
 
 
@@ -109,7 +112,10 @@ def stop_at_step_boundary():
     """The first SIGINT or SIGTERM only sets `STOP` (the trainer then saves and stops at the step's end, see
     `StopAtStepBoundary`); a second one goes to the handler that was there before (`flows.signals`' or Prefect's:
     it unwinds at once). Where a signal's default action stands (no handler of Python's), it is left alone."""
-    if threading.current_thread() is not threading.main_thread():
+    # Off the main thread Python takes no signals; under `accelerate launch` each process would stop at its own
+    # step (a signal reaches one process, or the processes at different steps) and the others wait for it in
+    # their next collective: there a signal unwinds at once, and the periodic checkpoints are what resumes.
+    if threading.current_thread() is not threading.main_thread() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -157,13 +163,22 @@ def train_resumable(trainer: Trainer, fingerprint_: str) -> None:
         claim(scratch, fingerprint_)
     trainer.accelerator.wait_for_everyone()
     checkpoint = last_checkpoint(scratch)
+    state = read_json(checkpoint / TRAINER_STATE) if checkpoint else {"global_step": 0, "max_steps": 1}
     if checkpoint is not None:
-        state = read_json(checkpoint / TRAINER_STATE)
         log.info("resuming from %s (step %d of %d)", checkpoint, state["global_step"], state["max_steps"])
-    trainer.add_callback(StopAtStepBoundary(generation_cycle(trainer.args)))
-    with stop_at_step_boundary():
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    stop_if_told()  # stopped at a step boundary, its checkpoint saved: unwind as the signal's exception would
+    if state["global_step"] >= state["max_steps"]:
+        # Stopped in its last step, all trained: transformers' train() would run one step more (a resumed epoch
+        # checks max_steps only after a step), so only the weights and the state (its log history) are read back.
+        from transformers import TrainerState
+
+        trainer._load_from_checkpoint(str(checkpoint))
+        trainer.state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE))
+    else:
+        trainer.add_callback(StopAtStepBoundary(generation_cycle(trainer.args)))
+        with stop_at_step_boundary():
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if STOP.is_set():  # stopped at a step boundary, its checkpoint saved: unwind as the signal's exception would
+        raise KeyboardInterrupt("stopped at a step boundary; its checkpoint is kept for the resume")
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -89,13 +89,14 @@ def _grpo_config(tmp_path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("signum", "at", "resumed_from"), [(signal.SIGKILL, 3, 2), (signal.SIGINT, 1, 2)],
-                         ids=["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize(("signum", "at", "resumed_from"), [(signal.SIGKILL, 3, 2), (signal.SIGINT, 1, 2), (signal.SIGINT, 3, 4)],
+                         ids=["SIGKILL", "SIGINT", "SIGINT-last-step"])
 def test_grpo_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, tiny_dirs, one_thread,
                                                                              signum, at, resumed_from):
     """SIGKILL as step 4 begins: the checkpoint of step 2 is resumed (step 3's was not saved: inside a generation
     batch). SIGINT as step 2 begins: the step ends, a generation batch with it, and there the run saves and exits
-    130; the resume starts at step 3 on a fresh generation batch, as the uninterrupted run did."""
+    130; the resume starts at step 3 on a fresh generation batch, as the uninterrupted run did. SIGINT in the last
+    step: its checkpoint is saved, and the resume only saves the model."""
     from pipeline.policy import run_policy_phase
     from pipeline.problems import problem_set_from_config
 
@@ -203,6 +204,7 @@ class _Control:
     (3, True, False, False),  # told to stop inside one: goes on to its end
     (4, True, True, True),  # and there saves and stops
     (10, False, False, False),  # the last step: the phase saves the model itself
+    (10, True, True, True),  # unless told to stop there: the resume then only saves the model
 ])
 def test_saves_and_stops_only_at_a_generation_batch_boundary(step, stop, saves, stops):
     control = _Control()
