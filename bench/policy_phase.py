@@ -140,7 +140,8 @@ def checkpoint_cost(cfg, a, run) -> None:
         print(f"checkpoints {kind:<3} phase {timer.total:7.1f} s ({steps} steps)", flush=True)
     off, on = statistics.mean(times["off"]), statistics.mean(times["on"])
     print(f"\ncheckpointing's cost: {on:.1f} s / {off:.1f} s = {on / off:.3f} (goal <= 1.05) at save_steps {save_steps}"
-          f", {steps} steps, {steps // save_steps} checkpoints; torch threads: {torch.get_num_threads()}")
+          f", {steps} steps, {(steps - 1) // save_steps} checkpoints (none at the last step); torch threads: "
+          f"{torch.get_num_threads()}")
 
 
 if __name__ == "__main__":
