@@ -6,6 +6,7 @@ Run (from the repository root, in the project's venv):
     python bench/faults.py --kills 2 --seed 3    # a quicker check
     python bench/faults.py --rounds 1 --max-kills-per-run 3 --keep
     python bench/faults.py --kills 20 --sigterms 5   # the scale check (hours on 2 cores; parts: --kills 4 --seed 1 ...)
+    python bench/faults.py --kills 3 --in-step       # each kill waits for a checkpoint or finished part to exist
 
 What it does, all under one temp folder (removed at the end unless --keep):
 
@@ -28,9 +29,16 @@ What it does, all under one temp folder (removed at the end unless --keep):
    round, 4 phase runs per round, one registered version per round per RM kind and of the policy, tagged with the
    parent).
 
+Resuming inside a phase (docs/concepts.md): the config checkpoints GRPO and the RMs every step (`save_steps: 1`)
+and collects in parts of 2 prompts, so that a kill inside a phase finds work to resume from. With --in-step each
+kill waits, from its moment on, until a trainer checkpoint or a finished collection part exists, and so lands
+inside a phase with work saved. Every kill reports the work its resume did not redo: the step of the checkpoint
+each training resumes from, the finished parts of a collection (`saved_work`).
+
 Output: one row per kill (its moment, the phase being run when killed, read from the manifest right after the
-kill: the phase whose MLflow run exists but is not recorded done), the verdict of its run, and a last line
-`survived K of N kills` (N counts every SIGKILL, so N >= --kills when reruns are killed again).
+kill: the phase whose MLflow run exists but is not recorded done, and the work a resume keeps), the verdict of its
+run, and a last line `survived K of N kills` (N counts every SIGKILL, so N >= --kills when reruns are killed
+again) with the steps and parts the resumes kept.
 """
 
 from __future__ import annotations
@@ -79,10 +87,26 @@ def env_for(work: Path, name: str) -> dict:
     return env
 
 
+def saved_work(run_dir: Path) -> dict[str, int]:
+    """What a resume of `run_dir` does not redo: per trainer scratch folder, the step of its newest whole
+    checkpoint; per collection, its finished parts (`pipeline.resume`)."""
+    from pipeline.rundir import last_checkpoint
+
+    out = {}
+    for scratch in sorted(run_dir.glob("round-*/**/.trainer-*")):
+        if (ckpt := last_checkpoint(scratch)) is not None:
+            out[f"{scratch.relative_to(run_dir)} steps"] = int(ckpt.name.split("-")[1])
+    for parts in sorted(run_dir.glob("round-*/.collect-parts")):
+        if n := len(list(parts.glob("part-*.json"))):
+            out[f"{parts.relative_to(run_dir)}"] = n
+    return out
+
+
 def attempt(work: Path, name: str, config: Path, log: Path, kill_at: float | None, timeout: float,
-            signum: int = signal.SIGKILL) -> dict:
+            signum: int = signal.SIGKILL, in_step: Path | None = None) -> dict:
     """One `igrpo run`; send `signum` (SIGKILL: the fault) to its process at `kill_at` seconds if it still runs
-    then. A SIGTERM must stop it within STOP_S (`stop_seconds`); past that it is SIGKILLed. Returns what happened."""
+    then (with `in_step`, a run directory: from then on, as soon as it holds work to resume, `saved_work`). A
+    SIGTERM must stop it within STOP_S (`stop_seconds`); past that it is SIGKILLed. Returns what happened."""
     start = time.monotonic()
     stop_seconds = None
     with open(log, "ab") as out:
@@ -95,6 +119,11 @@ def attempt(work: Path, name: str, config: Path, log: Path, kill_at: float | Non
             proc.wait(timeout=limit)
             killed = False
         except subprocess.TimeoutExpired:
+            while in_step is not None and proc.poll() is None and not saved_work(in_step):
+                time.sleep(0.05)
+            if proc.poll() is not None:  # ended on its own before any work was saved
+                return {"killed": False, "timed_out": False, "rc": proc.returncode,
+                        "seconds": time.monotonic() - start, "stop_seconds": None}
             proc.send_signal(signum)  # SIGKILL: the pipeline's own process, as the OOM killer would
             sent = time.monotonic()
             try:
@@ -283,6 +312,8 @@ def main(argv=None) -> int:
                     help=f"runs SIGTERMed once at a random moment (0..{MAX_KILLS}; default 0), besides the killed ones")
     ap.add_argument("--max-kills-per-run", type=int, default=2, help="SIGKILLs at most per run (1..5; default 2)")
     ap.add_argument("--no-control", action="store_true", help="skip the second uninterrupted run")
+    ap.add_argument("--in-step", action="store_true",
+                    help="kill only once a trainer checkpoint or a collection part exists (inside a phase)")
     ap.add_argument("--workdir", help="folder for everything (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     args = ap.parse_args(argv)
@@ -301,6 +332,10 @@ def main(argv=None) -> int:
     base = mini_config(work)
     base["run"]["rounds"] = args.rounds
     base["tracking"]["tracking_uri"] = uri
+    # Work to resume inside a phase wherever a kill lands: a checkpoint every training step, parts of 2 prompts.
+    base["grpo"]["save_steps"] = 1
+    base["reward_model"]["train_args"]["save_steps"] = 1
+    base["collect"]["prompts_per_part"] = 2
     experiment = base["tracking"]["experiment"]
     rng = random.Random(args.seed)
 
@@ -362,7 +397,8 @@ def main(argv=None) -> int:
         say(f"control: {ctl['seconds']:.0f}s, " + ("bit-identical to the reference" if reproducible else
                                                  "differs from the reference: " + "; ".join(lost + notes)))
 
-    rows = []  # (kill id, moment, phase, run name)
+    rows = []  # (kill id, moment, phase and the work a resume keeps, run name)
+    kept: list[dict[str, int]] = []  # per kill, what its resume did not redo (`saved_work`)
     verdicts: dict[str, tuple[list[str], list[str]]] = {}
     plan = [(f"kill-{i}", signal.SIGKILL, args.max_kills_per_run) for i in range(1, args.kills + 1)]
     plan += [(f"term-{i}", signal.SIGTERM, 1) for i in range(1, args.sigterms + 1)]
@@ -372,12 +408,15 @@ def main(argv=None) -> int:
         kills, before, snapshots, lost_here = 0, None, [], []
         while True:
             kill_at = rng.uniform(0, T) if kills < max_kills else None
-            res = attempt(work, name, config, log, kill_at, timeout, signum)
+            res = attempt(work, name, config, log, kill_at, timeout, signum, run_dir if args.in_step else None)
             if res["killed"] and not res["timed_out"]:
                 kills += 1
                 manifest, mtime = read_manifest(run_dir), manifest_mtime(run_dir)
                 phase = phase_in_progress(manifest, stale=mtime is not None and mtime == before)
-                rows.append((f"{i}.{kills}", kill_at, phase, name))
+                saved = saved_work(run_dir)
+                kept.append(saved)
+                rows.append((f"{i}.{kills}", kill_at, phase + "".join(f"; kept {k} {v}" for k, v in saved.items()),
+                             name))
                 snapshots.append((f"{i}.{kills}", manifest))
                 how = signal.Signals(signum).name
                 if signum == signal.SIGTERM:
@@ -422,7 +461,7 @@ def main(argv=None) -> int:
     print(f"reference run: {T:.0f}s, {args.rounds} rounds; kill moments uniform over [0, {T:.0f}s], seed {args.seed}")
     if reproducible is not None:
         print(f"control (uninterrupted rerun): {'bit-identical' if reproducible else 'NOT bit-identical'} to the reference")
-    print(f"{'kill':<6}{'moment (s)':>11}  {'phase when killed':<34}result")
+    print(f"{'kill':<6}{'moment (s)':>11}  {'phase when killed; work kept for the resume':<34}result")
     survived = total = 0
     for kid, moment, phase, name in rows:
         lost, notes = verdicts[name]
@@ -434,7 +473,10 @@ def main(argv=None) -> int:
             total += 1
             survived += not lost
     print(f"wall time {time.monotonic() - t0:.0f}s; work folder {work}" + ("" if args.keep else " (removed)"))
-    print(f"survived {survived} of {total} kills")
+    print(f"survived {survived} of {total} kills; their resumes kept "
+          f"{sum(v for k in kept for key, v in k.items() if key.endswith('steps'))} training steps and "
+          f"{sum(v for k in kept for key, v in k.items() if not key.endswith('steps'))} collection parts, "
+          f"{sum(bool(k) for k in kept)} of {len(kept)} kills inside a phase with work saved")
     if not args.keep and not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if survived == total else 1

@@ -5,11 +5,17 @@ three, as the policy phase trains. Prints the median step time of each and the r
 c/a <= 1.3).   Run: python bench/policy_phase.py [--steps 12]
 Another config (a real model, on a GPU when there is one) and TRL's vLLM generation beside HF generate:
   python bench/policy_phase.py --config configs/smollm2-gsm8k.yaml --set grpo.max_completion_length=128 --vllm
+The cost of checkpointing (resuming inside a phase): a whole GRPO phase of the config (its grpo.max_steps) in
+process mode, without checkpoints and with them at the default save_steps, twice each, alternating; prints the
+ratio (goal <= 1.05):
+  python bench/policy_phase.py --checkpoint-cost              # the quickstart's phase: 100 steps, ~4 x 1-2 min
+  python bench/policy_phase.py --checkpoint-cost --steps 4 --save-steps 2    # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import time
 
@@ -42,11 +48,14 @@ class StepTimer(TrainerCallback):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, help="timed steps (default 12); with --checkpoint-cost the phase's steps")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--config", help="run config (default: configs/quickstart.yaml)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--vllm", action="store_true", help="also bare TRL with grpo.use_vllm (colocate); needs vllm")
+    ap.add_argument("--checkpoint-cost", action="store_true",
+                    help="time a whole phase with and without checkpoints (--steps: default the config's max_steps)")
+    ap.add_argument("--save-steps", type=int, help="with --checkpoint-cost: save_steps (default: the pipeline's)")
     a = ap.parse_args()
     cfg = load_config(a.config, a.set) if a.config else quickstart(a.set)
     ps = problem_set_from_config(cfg)
@@ -56,11 +65,12 @@ def main() -> None:
         save_model(*reward_model_from_policy(str(policy), "prm"), prm_path)
     tok = load_tokenizer(str(policy))
     data = round_prompts(ps, 10_000, cfg.run.seed, 1, renderer=renderer_from_config(cfg, tok))
-    args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=a.steps + a.warmup, logging_steps=1000)
+    a.steps = a.steps if a.steps or a.checkpoint_cost else 12
+    args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=(a.steps or 0) + a.warmup, logging_steps=1000)
     peft = policy_peft_config(cfg)  # the policy phase's adapter, for bare TRL too
     lo = cfg.policy.lora
 
-    def run(kind: str) -> float:
+    def run(kind: str, args=args, resumable: bool = False) -> float:
         timer = StepTimer()
         if kind in ("bare", "bare-vllm"):
             run_args = args
@@ -82,9 +92,18 @@ def main() -> None:
             trainer = ProcessGRPOTrainer(model=str(policy), reward_funcs=funcs, args=args, train_dataset=data,
                                          processing_class=tok, callbacks=[timer], prm_scorer=prm, supervision=mode,
                                          peft_config=peft)
-        trainer.train()
-        return statistics.median(timer.times[a.warmup:])
+        start = time.perf_counter()
+        if resumable:  # as the phase trains: checkpoints in a fresh scratch folder, removed at the end
+            from pipeline.resume import train_resumable
 
+            train_resumable(trainer, f"bench-{time.time_ns()}")
+        else:
+            trainer.train()
+        timer.total = time.perf_counter() - start
+        return timer if a.checkpoint_cost else statistics.median(timer.times[a.warmup:])
+
+    if a.checkpoint_cost:
+        return checkpoint_cost(cfg, a, run)
     results = {}
     kinds = ["bare", "outcome", "process", "bare"]  # bare twice: first and last, to see drift
     for kind in kinds + ["bare-vllm"] * a.vllm:
@@ -101,6 +120,28 @@ def main() -> None:
         print(f"(d) bare TRL, vLLM colocate         : {v * 1000:8.1f} ms/step   a/d = {bare / v:.3f}  (HF generate / vLLM)")
     print(f"device: {args.device}, model: {cfg.policy.model}, completions up to {args.max_completion_length} tokens, "
           f"LoRA: {f'r={lo.r} on {lo.target_modules}' if lo else 'none'}, torch threads: {torch.get_num_threads()}")
+
+
+def checkpoint_cost(cfg, a, run) -> None:
+    """A whole GRPO phase (process mode) without checkpoints and with them (`train_resumable`, the default
+    save_steps), alternating off/on twice: the ratio of the mean wall times."""
+    from pipeline.passthrough import SAVE_STEPS
+
+    steps = a.steps or cfg.grpo.get("max_steps", 100)
+    save_steps = a.save_steps or SAVE_STEPS
+    times = {"off": [], "on": []}
+    for kind in ("off", "on", "off", "on"):
+        scratch = CACHE / f"scratch-checkpoints-{kind}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        extra = {"save_strategy": "no"} if kind == "off" else {"save_steps": save_steps}
+        args = grpo_config(cfg, str(scratch), max_steps=steps, logging_steps=1000, **extra)
+        timer = run("process", args, resumable=kind == "on")
+        times[kind].append(timer.total)
+        print(f"checkpoints {kind:<3} phase {timer.total:7.1f} s ({steps} steps)", flush=True)
+    off, on = statistics.mean(times["off"]), statistics.mean(times["on"])
+    print(f"\ncheckpointing's cost: {on:.1f} s / {off:.1f} s = {on / off:.3f} (goal <= 1.05) at save_steps {save_steps}"
+          f", {steps} steps, {(steps - 1) // save_steps} checkpoints (none at the last step); torch threads: "
+          f"{torch.get_num_threads()}")
 
 
 if __name__ == "__main__":

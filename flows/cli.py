@@ -27,8 +27,12 @@ def cmd_run(args) -> None:
     from pipeline.rounds import abandon
     from pipeline.rundir import refuse_if_locked
 
-    preflight(cfg)  # fail fast and quietly, before Prefect starts
     refuse_if_locked(cfg.run_dir)
+    for spec in args.redo:  # before the preflight, which refuses a damaged output still recorded
+        from pipeline.phases import redo
+
+        print(f"igrpo: --redo {spec}: redoing {', '.join(redo(cfg, spec))}", file=sys.stderr)
+    preflight(cfg)  # fail fast and quietly, before Prefect starts
     if args.stopper:  # stopped at once: no MLflow run left RUNNING, no lock left held
         from flows.signals import ephemeral_server_apart
 
@@ -175,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = cmd("run", cmd_run, "Run the whole iterative loop (resumes an unfinished run directory).")
     s.add_argument("--force", action="store_true", help="resume even though the config changed")
+    s.add_argument("--redo", action="append", default=[], metavar="ROUND/PHASE",
+                   help="redo a recorded phase and every phase after it, e.g. --redo 1/collect (repeatable)")
     cmd("check", cmd_check, "Validate a config and run the preflight (data, model, MLflow, run directory) without "
         "creating anything; print the resolved config. Exit 0 if `igrpo run` would start, else 2.", console=False)
     s = cmd("bootstrap", cmd_bootstrap, "Round 0's policy: SFT on the gold solutions.")

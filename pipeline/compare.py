@@ -19,9 +19,8 @@ def rounds_from_run_dir(run_dir: Path) -> dict[int, dict[str, float]]:
             bon = {k: v for k, v in data["metrics"].items() if k.startswith("bon/")}
             out[int(data["round"])] = {"greedy": data["metrics"]["eval/greedy"], **data["curve"], **bon}
         except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not an eval phase's JSON
-            raise ValueError(f"{path}: damaged ({type(e).__name__}: {e}); restore it, or delete it and its "
-                             f"'{path.parent.name}/eval' entry in the manifest's phases, and `igrpo run` redoes "
-                             "that eval phase") from None
+            raise ValueError(f"{path}: damaged ({type(e).__name__}: {e}); restore it, or redo that eval phase: "
+                             f"`igrpo run CONFIG --redo {path.parent.name}/eval`") from None
     if not out:
         raise FileNotFoundError(f"{run_dir}: no round-*/eval.json: not a run directory, or no round evaluated yet")
     return out

@@ -236,6 +236,10 @@ class CollectConfig(SamplingConfig):
         "Which prefixes get rollouts: every one, or those a binary search for the first error probes "
         "(first_error); the others' labels are then imputed, SE = HE (hard labels even for reward_model.target: "
         "soft), their share logged as collect/imputed_label_share."))
+    prompts_per_part: int = Field(64, ge=1, description=(
+        "Prompts sampled and labelled together, each such part seeded by its index and kept as it finishes, so a "
+        "stopped collection resumes after its last finished part, to the same shard (a shard of one part is seeded "
+        "as before parts existed)."))
     workers: int = Field(1, ge=1, description="Sampling workers; batches are sharded over them, with the same shard as 1 worker.")
     task_runner: Literal["thread", "ray"] = Field(
         "thread", description="Prefect task runner of the workers: threads in this process, or Ray (`[ray]` extra)."

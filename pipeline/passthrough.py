@@ -1,6 +1,6 @@
 """The TRL pass-through: `grpo:` becomes TRL's GRPOConfig, `bootstrap.sft_args` its SFTConfig and
 `reward_model.train_args` the RMs' TrainingArguments, unchanged but for the defaults derived here (seed, device,
-no checkpoints). `check_passthrough` builds each once at load, so a field they reject fails before any work;
+checkpoints for resuming inside a phase). `check_passthrough` builds each once at load, so a field they reject fails before any work;
 before that, each value is checked against the type the dataclass declares for it, and after, the values they
 accept but fail on later (a batch of 0, a temperature of 0).
 """
@@ -19,7 +19,7 @@ def grpo_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
     """Build TRL's GRPOConfig from the YAML pass-through (our derived values fill only what is unset)."""
     from trl import GRPOConfig
 
-    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults(),
+    args = {"report_to": "none", "seed": cfg.run.seed, **RESUMABLE, **device_defaults(),
             **checkpointing_defaults(GRPOConfig, {**memory_defaults(cfg), **cfg.grpo})}
     args.update(cfg.grpo)
     args.update(overrides)
@@ -35,6 +35,14 @@ def sft_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
     args.update(cfg.bootstrap.sft_args)
     args.update(overrides)
     return SFTConfig(output_dir=output_dir, **args)
+
+
+# Trainers that resume inside a phase (GRPO, the RMs: `pipeline.resume`) save a checkpoint every SAVE_STEPS
+# optimizer steps into their scratch folder, only the newest kept. 25: under 5% of a quickstart GRPO phase's time
+# (bench/policy_phase.py --checkpoint-cost); a stop saves one at the next step anyway. Each is overridable
+# (`grpo.save_steps`, `reward_model.train_args.save_steps`; `save_strategy: "no"` turns them off).
+SAVE_STEPS = 25
+RESUMABLE = {"save_strategy": "steps", "save_steps": SAVE_STEPS, "save_total_limit": 1}
 
 
 def memory_defaults(cfg: PipelineConfig) -> dict[str, Any]:
@@ -82,7 +90,7 @@ def rm_training_config(cfg: PipelineConfig, output_dir: str):
     rm = cfg.reward_model
     config_class = _rm_class(cfg)
     extra = {"max_length": None} if config_class is not _training_arguments() else {}
-    return config_class(output_dir=output_dir, **{"report_to": "none", "save_strategy": "no", **extra, **device_defaults(),
+    return config_class(output_dir=output_dir, **{"report_to": "none", **RESUMABLE, **extra, **device_defaults(),
                                                   **checkpointing_defaults(config_class, rm.train_args), **rm.train_args})
 
 

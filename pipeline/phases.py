@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.problems import problem_set_from_config
-from pipeline.rundir import Manifest, RunDir, phase_key, read_json, remove_scratch, stop_if_told
+from pipeline.rundir import Manifest, RunDir, keep_resumable, phase_key, read_json, stop_if_told
 
 log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
 
@@ -210,6 +210,34 @@ def recorded_round(cfg: PipelineConfig, r: int) -> dict[str, PhaseResult]:
     return {name: done(r, name) for name in PHASES}
 
 
+def redo(cfg: PipelineConfig, spec: str) -> list[str]:
+    """Forget the recorded phase `spec` (`ROUND/PHASE`: `1/policy` or `round-001/policy`) and every phase after
+    it in run order (the rest of its round, the later rounds: all that read it, directly or not), so that the next
+    `igrpo run` redoes them; returns their keys. Their outputs are rewritten atomically when they are redone."""
+    from pipeline.rundir import RunDirError, round_of
+
+    r, _, name = spec.partition("/")
+    r = int(r) if r.isdigit() else round_of(r)
+    if r is None or name not in PHASES:
+        raise RunDirError(f"--redo {spec}: expected ROUND/PHASE, e.g. 1/policy or round-001/collect; phases: "
+                          f"{', '.join(PHASES)}")
+    manifest = Manifest.load(cfg.run_dir)
+    if not manifest.done(r, name):
+        raise RunDirError(f"--redo {spec}: {phase_key(r, name)} is not recorded done in {manifest.path}: "
+                          "`igrpo run` runs it anyway")
+    order = list(PHASES)
+
+    def position(key: str) -> tuple[int, int]:
+        round_part, _, phase = key.partition("/")
+        return round_of(round_part) or 0, order.index(phase) if phase in order else len(order)
+
+    dropped = [key for key in manifest.data["phases"] if position(key) >= (r, order.index(name))]
+    for key in dropped:
+        del manifest.data["phases"][key]
+    manifest.save()
+    return dropped
+
+
 def key_figures(metrics: dict[str, float], figures: tuple[str, ...]) -> dict[str, float]:
     """The metrics named in `figures` that are present, in that order; a name ending in `@K` picks the largest K.
 
@@ -267,7 +295,8 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
             tracking.log_metrics(runs.run_id, result.metrics)
             tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
     except BaseException:
-        remove_scratch(RunDir(cfg.run_dir).round(round_index))  # nothing half-written left, wherever it stopped
+        # Checkpoints and finished batches stay for the next attempt (`pipeline.resume`); nothing half-written does.
+        keep_resumable(RunDir(cfg.run_dir).round(round_index))
         raise
     manifest = Manifest.load(cfg.run_dir)
     manifest.record(round_index, name, result.to_manifest())

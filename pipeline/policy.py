@@ -38,9 +38,10 @@ from pipeline.modes import AdvantageInputs, supervision_mode
 from pipeline.passthrough import grpo_config
 from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
+from pipeline.resume import fingerprint, train_resumable
 from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_models_needed
-from pipeline.rundir import scratch_dir, train_in_scratch
+from pipeline.rundir import scratch_dir
 from pipeline.scorers import GoldStepScorer, PrmScorer
 from pipeline.steps import step_token_ends, token_spans
 
@@ -312,7 +313,8 @@ def run_policy_phase(
     )
     for scorer in scorers.values():  # on this process's device (its own GPU under accelerate launch)
         scorer.model.to(trainer.accelerator.device)
-    train_in_scratch(trainer)
+    train_resumable(trainer, fingerprint(cfg, "policy", round_index, policy=str(policy_path), out=str(out_dir),
+                                         reward_models={k: str(v) for k, v in (reward_models or {}).items()}))
     save_model(trainer.model, tokenizer, out_dir)
     return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history))
 

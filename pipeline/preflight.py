@@ -220,8 +220,8 @@ def _recorded_outputs(cfg: PipelineConfig) -> str:
     for key, path in outputs:
         damage = _damage(path)
         if damage:
-            raise RunDirError(f"{path}: recorded as the output of {key}, but {damage}. Restore it, or delete '{key}' "
-                              f"(and the phases after it) from the phases of {manifest.path}: `igrpo run` redoes them")
+            raise RunDirError(f"{path}: recorded as the output of {key}, but {damage}. Restore it, or redo that "
+                              f"phase and the phases after it: `igrpo run CONFIG --redo {key}`")
     return f"{len(outputs)} recorded outputs whole"
 
 

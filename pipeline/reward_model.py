@@ -26,10 +26,11 @@ from transformers import Trainer, TrainingArguments
 from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora, reward_model_layout
 from pipeline.config import PipelineConfig, RewardModelConfig
-from pipeline.passthrough import checkpointing_defaults, device_defaults
+from pipeline.passthrough import RESUMABLE, checkpointing_defaults, device_defaults
 from pipeline.replay import ReplayBuffer
+from pipeline.resume import fingerprint, train_resumable
 from pipeline.rm_kinds import PrmLayout, layout_of, prm_head, rm_entry, rm_kind
-from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, train_in_scratch, write_json_atomic
+from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, write_json_atomic
 from pipeline.scorers import Scores, aggregate
 
 
@@ -270,6 +271,7 @@ def train_reward_model(
     warm: bool,
     report_to: str = "none",
     callbacks=None,
+    round_index: int | None = None,
 ) -> Path:
     """Train one RM of `kind` (a key of `pipeline.rm_kinds.RM_KINDS`) on `rows` from `init` (a previous RM if `warm`, else a policy's
     backbone: `reward_model.model` or the round's policy, `backbone`).
@@ -299,7 +301,7 @@ def train_reward_model(
         lo = rm.lora
         task = prm_head(layout.head).lora_task_type if layout else spec.lora_task_type
         model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, task)
-    defaults = {"report_to": report_to, "save_strategy": "no", "seed": cfg.run.seed, "remove_unused_columns": False,
+    defaults = {"report_to": report_to, **RESUMABLE, "seed": cfg.run.seed, "remove_unused_columns": False,
                 "run_name": f"{kind}-training", **device_defaults()}
     scratch = scratch_dir(out_dir)
     if spec.pairwise(cfg.reward_model):
@@ -319,7 +321,8 @@ def train_reward_model(
         )
         if spec.loss_is_mean:  # Trainer then divides it by the accumulation steps
             trainer.loss_is_scaled_for_ga = False
-    train_in_scratch(trainer)
+    train_resumable(trainer, fingerprint(cfg, f"reward_model/{kind}", round_index, init=str(init), warm=warm,
+                                         out=str(out_dir), rows=hash_rows(rows)))
     return save_model(trainer.model, tokenizer, out_dir, kind=kind, layout=layout, meta=meta)
 
 
@@ -329,6 +332,14 @@ def adopt_reward_model(rm: RewardModelConfig, kind: str, init: str, out_dir: str
     layout = init_layout(rm, kind, init)
     model, tokenizer, _ = load_reward_model(init, expect=kind, layout=layout)
     return save_model(model, tokenizer, out_dir, kind=kind, layout=layout)
+
+
+def hash_rows(rows: list[dict]) -> str:
+    """A digest of training rows, for a checkpoint's fingerprint (`pipeline.resume`): other rows, another training."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def evaluate_reward_model(
@@ -399,7 +410,7 @@ def run_reward_model_phase(
             out = RunDir(run_dir).reward_model(round_index, kind)
             with (run_context(kind) if run_context else contextlib.nullcontext()):
                 paths[kind] = train_reward_model(cfg, kind, rows, start or backbone(cfg, policy_path), out,
-                                                 bool(start), report_to, callbacks)
+                                                 bool(start), report_to, callbacks, round_index)
         if held:
             figures = evaluate_reward_model(paths[kind], kind, held, rm)
             metrics.update(figures)

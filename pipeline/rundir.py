@@ -12,7 +12,8 @@ runs/<name>/round-XXX/reward_model/<kind>/calibration.json   the RM on its held-
 runs/<name>/round-XXX/eval.json        greedy, Pass@K, Maj@K, best-of-N, the hacking monitor
 runs/<name>/round-XXX/pass_maj.png
 runs/<name>/round-XXX/.launch-<phase>/ request, result and log of a phase under `accelerate launch`
-runs/<name>/round-XXX/.trainer-<out>/  a trainer's output_dir while it trains (removed after)
+runs/<name>/round-XXX/.trainer-<out>/  a trainer's output_dir and checkpoints while it trains (kept across a stop)
+runs/<name>/round-XXX/.collect-parts/  a collection's finished batches while it runs (kept across a stop)
 ```
 
 Every write goes through `atomic_path`: a temp file (or directory) beside the target, renamed over it,
@@ -31,13 +32,12 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from transformers import Trainer
+from typing import Any
 
 SHARD_NAME = "samples.parquet"
 CALIBRATION_NAME = "calibration.json"  # inside an RM checkpoint: it travels with it (frozen reuse, MLflow registry)
+TRAINER_STATE = "trainer_state.json"  # transformers writes it last into a checkpoint: there, the checkpoint is whole
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _ROUND_DIR = re.compile(r"round-(\d{3,})")
 _OLD_PHASE_KEY = re.compile(r"(\d{3,})/(\w+)")  # before one key format: "001/policy" in `phases`
 
@@ -125,34 +125,32 @@ def round_of(path: str | os.PathLike) -> int | None:
 
 def scratch_dir(out_dir: str | os.PathLike) -> Path:
     """The output_dir of a Trainer whose model goes to `out_dir`: hidden beside it, and stable rather than a random
-    temp name, so that a resumed phase logs the same params to MLflow. `train_in_scratch` removes it."""
+    temp name, so that a resumed phase logs the same params to MLflow and finds its checkpoints there
+    (`pipeline.resume.train_resumable`, which removes it once the model is trained)."""
     return Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
 
 
-def remove_scratch(folder: str | os.PathLike) -> None:
-    """Remove every trainer's scratch output_dir (`scratch_dir`) under `folder`, for a phase that stops or fails:
-    a Trainer makes its output_dir as it is built, before `train_in_scratch` guards it, so a stop landing there
-    (or a write after that guard) would leave one behind."""
+def last_checkpoint(scratch: str | Path) -> Path | None:
+    """The newest whole `checkpoint-N` in `scratch`; half-written ones (a kill while saving) are deleted."""
+    found = []
+    for path in Path(scratch).glob("checkpoint-*"):
+        if m := _CHECKPOINT.fullmatch(path.name):
+            if (path / TRAINER_STATE).is_file():
+                found.append((int(m.group(1)), path))
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+    return max(found)[1] if found else None
+
+
+def keep_resumable(folder: str | Path) -> None:
+    """For a phase that stopped or failed: every scratch folder (`.trainer-*`, `.collect-*`) under `folder` that
+    holds nothing to resume is removed, and every half-written checkpoint; the rest stays for the next attempt."""
     for path in Path(folder).rglob(".trainer-*"):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def train_in_scratch(trainer: Trainer) -> None:
-    """`trainer.train()`, then its output_dir (`scratch_dir`) removed.
-
-    Under several processes they share that directory: the first to finish removed it while another's Trainer
-    still listed its checkpoints there (FileNotFoundError in `_finalize_training`), so all of them finish first
-    and process 0 removes it. A failed training removes it at once (its peers fail in their next collective).
-    """
-    scratch = trainer.args.output_dir
-    try:
-        trainer.train()
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    trainer.accelerator.wait_for_everyone()
-    if trainer.accelerator.is_main_process:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if path.is_dir() and last_checkpoint(path) is None:
+            shutil.rmtree(path, ignore_errors=True)
+    for path in Path(folder).rglob(".collect-*"):
+        if path.is_dir() and not any(path.glob("part-*.json")):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -188,6 +186,10 @@ class RunDir:
 
     def eval_plot(self, r: int) -> Path:
         return self.round(r) / "pass_maj.png"
+
+    def collect_parts(self, r: int) -> Path:
+        """A collection's finished parts while it runs (`pipeline.collect`), kept across a stop."""
+        return self.round(r) / ".collect-parts"
 
     def launch(self, r: int, phase: str) -> Path:
         return self.round(r) / f".launch-{phase}"

@@ -1,11 +1,13 @@
-"""A finished run extended by more rounds, and a damaged eval.json named by `igrpo compare`."""
+"""A finished run extended by more rounds, a damaged output named with the way to redo it (`--redo`), and what a
+stopped phase leaves."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from pipeline.loading import config_from_dict
-from pipeline.rundir import Manifest, RunDirError
+from pipeline.rundir import Manifest, RunDirError, read_json
 from tests.helpers import mini_config
 
 
@@ -39,7 +41,7 @@ def test_compare_names_a_damaged_eval_json_and_how_to_recover(tmp_path, capsys, 
     err = capsys.readouterr().err
     # Before: a JSONDecodeError ("Expecting value: line 2 column 1") or a KeyError traceback, without the file.
     assert err.startswith(f"igrpo: error: {run / 'round-000' / 'eval.json'}: damaged"), err
-    assert "round-000/eval' entry in the manifest's phases" in err and "Traceback" not in err
+    assert "`igrpo run CONFIG --redo round-000/eval`" in err and "Traceback" not in err
 
 
 def _recorded_run(tmp_path, tiny_policy_dir):
@@ -82,15 +84,46 @@ def test_a_resume_names_a_damaged_recorded_output_before_any_work(tmp_path, caps
     path = damaged(run)
     path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
     before = sorted(p.name for p in run.root.rglob("*"))
+    recorded_key = lambda run: {v["path"]: k for k, v in read_json(run.manifest)["phases"].items()}[  # noqa: E731
+        str(recorded(run))]
     rc, err = run_cli(tmp_path, capsys, data)
     assert rc == 2 and err.startswith(f"igrpo: error: {recorded(run)}: recorded as the output"), err
-    assert expected in err and "(and the phases after it) from the phases of" in err and "Traceback" not in err
+    assert expected in err and f"--redo {recorded_key(run)}`" in err and "Traceback" not in err
     assert sorted(p.name for p in run.root.rglob("*")) == before  # nothing written, nothing started
+
+
+def test_redo_forgets_a_recorded_phase_and_every_phase_after_it(tmp_path, tiny_policy_dir, capsys):
+    """The way out the damaged-output error names: `igrpo run CONFIG --redo ROUND/PHASE` drops that phase's record
+    and those after it in run order (here round 0's eval: collect, reward_model and eval come after policy), so
+    the preflight passes and the run redoes them; a phase not recorded, or not a phase, is one clear error."""
+    from flows.cli import main
+    from pipeline.phases import redo
+    from pipeline.preflight import preflight
+    from pipeline.rundir import RunDirError
+
+    data, run = _recorded_run(tmp_path, tiny_policy_dir)
+    cfg = config_from_dict(data, check_trl=False)
+    shard = run.shard(0)
+    shard.write_bytes(shard.read_bytes()[:10])  # damaged
+    with pytest.raises(RunDirError, match="--redo round-000/collect"):
+        preflight(cfg)
+    assert redo(cfg, "0/collect") == ["round-000/collect", "round-000/eval"]
+    assert list(read_json(run.manifest)["phases"]) == ["round-000/policy"]
+    preflight(cfg)  # the damaged shard is no longer a recorded output: it will be rewritten
+    for spec, why in (("0/collect", "is not recorded done"), ("0/bogus", "expected ROUND/PHASE"),
+                      ("x/policy", "expected ROUND/PHASE")):
+        with pytest.raises(RunDirError, match=why):
+            redo(cfg, spec)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "run.yaml"), "--redo", "round-000/eval"]) == 2
+    assert "igrpo: error: --redo round-000/eval: round-000/eval is not recorded done" in capsys.readouterr().err
 
 
 def test_a_phase_stopped_anywhere_leaves_no_trainer_scratch(tmp_path, mlflow_tmp, monkeypatch):
     # Seen in the stop-and-resume chain: a SIGTERM in round 0's reward_model left round-000/reward_model/.trainer-prm
-    # (a Trainer makes its output_dir as it is built, before train_in_scratch's guard).
+    # (a Trainer makes its output_dir as it is built, before `train_resumable` claims it): one without a checkpoint
+    # holds nothing to resume and goes (`keep_resumable`).
     from pipeline import phases
     from pipeline.rounds import open_run
     from pipeline.rundir import RunDir

@@ -1,0 +1,184 @@
+"""Resuming inside a phase: a trainer's checkpoints, and a collection's finished batches, kept across a stop or a
+crash in the phase's scratch folder, and picked up by the next attempt at the same work.
+
+A scratch folder belongs to one piece of work: `fingerprint` hashes the config fields that change what it
+computes, the phase, the round and its inputs; `claim` deletes (with a message) a scratch folder written under
+another fingerprint, so a checkpoint of another config, phase or round is never resumed from.
+
+Trainers (GRPO, the RMs) save a checkpoint every `save_steps` (`pipeline.passthrough.SAVE_STEPS`, pruned to
+`save_total_limit`) and, told to stop, one at the next step boundary (`StopAtStepBoundary`); `train_resumable`
+resumes from the newest whole one through transformers' own `resume_from_checkpoint`, which restores the weights,
+optimizer, scheduler, RNG states and data order: the final weights are those of a run never stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from transformers import TrainerCallback
+
+from pipeline.rundir import STOP, TRAINER_STATE, last_checkpoint, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from transformers import Trainer
+
+    from pipeline.config import PipelineConfig
+
+log = logging.getLogger(__name__)
+
+FINGERPRINT_NAME = "igrpo-fingerprint.json"
+# Config fields that cannot change what a phase computes: a checkpoint made under other values is still its own.
+_IGNORED = {"run": ("name", "runs_dir", "rounds"), "tracking": None, "eval": None, "orchestration": None}
+
+
+def fingerprint(cfg: PipelineConfig, phase: str, round_index: int, **inputs) -> str:
+    """A hash of what a phase's work depends on: the config (less `_IGNORED`), the phase, the round, its inputs.
+
+    >>> from pipeline.config import PipelineConfig
+    >>> a = fingerprint(PipelineConfig(), "policy", 1, policy="p")
+    >>> a == fingerprint(PipelineConfig(run={"rounds": 9}), "policy", 1, policy="p"), a == fingerprint(
+    ...     PipelineConfig(), "policy", 2, policy="p")
+    (True, False)
+    """
+    data = cfg.model_dump(mode="json")
+    for section, fields in _IGNORED.items():
+        if fields is None:
+            data.pop(section, None)
+        else:
+            for name in fields:
+                data.get(section, {}).pop(name, None)
+    blob = json.dumps({"config": data, "phase": phase, "round": round_index, "inputs": inputs}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def claim(scratch: str | Path, fingerprint_: str) -> bool:
+    """Make `scratch` this work's folder; True where it holds earlier work of the same fingerprint to resume.
+
+    A folder written under another fingerprint (another config, phase or round), or with none, is deleted first; `pipeline.rundir.keep_resumable` keeps it
+    across a stop or a failure.
+    """
+    scratch = Path(scratch)
+    mark = scratch / FINGERPRINT_NAME
+    if scratch.exists():
+        try:
+            found = read_json(mark).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            found = None
+        if found == fingerprint_:
+            return True
+        if found is not None or any(scratch.iterdir()):  # else only made by the Trainer as it was built
+            log.warning("%s: left by other work (another config, phase or round): deleted, not resumed", scratch)
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    write_json_atomic(mark, {"fingerprint": fingerprint_})
+    return False
+
+
+class StopAtStepBoundary(TrainerCallback):
+    """Told to stop (`pipeline.rundir.STOP`), save a checkpoint at the end of the step and end the training.
+
+    Only at a step that ends a generation cycle (every `cycle` optimizer steps): GRPO generates a batch for several
+    steps (`steps_per_generation`, `num_iterations`) and a checkpoint keeps no generations, so one saved inside a
+    cycle would resume on other completions. Periodic saves there are skipped for the same reason, and so is
+    transformers' save at the last step unless told to stop (the phase saves the model itself right after).
+    """
+
+    def __init__(self, cycle: int = 1):
+        self.cycle = max(1, cycle)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.cycle:
+            control.should_save = False
+        elif STOP.is_set():  # at the last step too: the resume then only saves the model
+            control.should_save = control.should_training_stop = True
+        elif state.global_step >= state.max_steps:
+            control.should_save = False
+        return control
+
+
+@contextlib.contextmanager
+def stop_at_step_boundary():
+    """The first SIGINT or SIGTERM only sets `STOP` (the trainer then saves and stops at the step's end, see
+    `StopAtStepBoundary`); a second one goes to the handler that was there before (`flows.signals`' or Prefect's:
+    it unwinds at once). Where a signal's default action stands (no handler of Python's), it is left alone."""
+    # Off the main thread Python takes no signals; under `accelerate launch` each process would stop at its own
+    # step (a signal reaches one process, or the processes at different steps) and the others wait for it in
+    # their next collective: there a signal unwinds at once, and the periodic checkpoints are what resumes.
+    if threading.current_thread() is not threading.main_thread() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    taken = []  # not STOP itself: flows.signals' watchdog thread may set it before this handler runs
+
+    def deferred(signum, frame):
+        taken.append(signum)
+        STOP.set()
+        if len(taken) == 1:
+            return
+        for s, h in previous.items():
+            signal.signal(s, h)
+        previous[signum](signum, frame)
+
+    for s, h in previous.items():
+        if callable(h):
+            signal.signal(s, deferred)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            if callable(h) and signal.getsignal(s) is deferred:
+                signal.signal(s, h)
+
+
+def generation_cycle(args) -> int:
+    """Optimizer steps per GRPO generation batch (1 for other trainers): where a checkpoint resumes exactly."""
+    micro = getattr(args, "steps_per_generation", None)
+    if micro is None:
+        return 1
+    ga = args.gradient_accumulation_steps
+    return math.lcm(micro * getattr(args, "num_iterations", 1), ga) // ga
+
+
+def train_resumable(trainer: Trainer, fingerprint_: str) -> None:
+    """`trainer.train()` in its scratch output_dir, from the newest checkpoint there of the same work, if any;
+    then the scratch folder removed. Told to stop, it saves at the next step boundary and raises
+    KeyboardInterrupt; stopped or failed, the checkpoints stay for the next attempt (`keep_resumable`).
+
+    Under several processes they share the folder: process 0 claims it and, all finished, removes it (another's
+    Trainer may still list its checkpoints there).
+    """
+    scratch = Path(trainer.args.output_dir)
+    if trainer.accelerator.is_main_process:
+        claim(scratch, fingerprint_)
+    trainer.accelerator.wait_for_everyone()
+    checkpoint = last_checkpoint(scratch)
+    state = read_json(checkpoint / TRAINER_STATE) if checkpoint else {"global_step": 0, "max_steps": 1}
+    if checkpoint is not None:
+        log.info("resuming from %s (step %d of %d)", checkpoint, state["global_step"], state["max_steps"])
+    if state["global_step"] >= state["max_steps"]:
+        # Stopped in its last step, all trained: transformers' train() would run one step more (a resumed epoch
+        # checks max_steps only after a step), so only the weights and the state (its log history) are read back.
+        from transformers import TrainerState
+
+        trainer._load_from_checkpoint(str(checkpoint))
+        trainer.state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE))
+    else:
+        trainer.add_callback(StopAtStepBoundary(generation_cycle(trainer.args)))
+        with stop_at_step_boundary():
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if STOP.is_set():  # stopped at a step boundary, its checkpoint saved: unwind as the signal's exception would
+        raise KeyboardInterrupt("stopped at a step boundary; its checkpoint is kept for the resume")
+    trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,263 @@
+"""Resuming inside a phase (`pipeline/resume.py`): a training killed (SIGKILL) or stopped (SIGINT) at a seeded step
+resumes from its last checkpoint and ends with the weights of a training never stopped, tensor by tensor; a
+checkpoint of other work is never resumed from; half-written ones are dropped.
+
+The killed trainings run in a subprocess (`KILLED`: a callback SIGKILLs its process, or sends it SIGINT under
+`flows.signals.stop_on_signals`, as a step begins); the reference and the resume run in this process. Both at one
+thread (`torch.set_num_threads(1)`, OMP_NUM_THREADS=1): CPU kernels are bitwise reproducible only at a fixed count.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline.loading import config_from_dict
+from pipeline.resume import StopAtStepBoundary, claim, fingerprint, generation_cycle
+from pipeline.rundir import STOP, keep_resumable, last_checkpoint, scratch_dir
+from tests.helpers import SIZES, child_env, mini_config
+
+# Runs one training (GRPO, or the PRM's) and kills or signals itself as step `at` + 1 begins (`at` steps done).
+KILLED = """
+import json, os, signal, sys
+import torch
+torch.set_num_threads(1)
+from transformers import TrainerCallback
+from flows.signals import stop_on_signals
+from pipeline.loading import config_from_dict
+what, config, args, at, signum = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+class Kill(TrainerCallback):
+    def on_step_begin(self, a, state, control, **kwargs):
+        if state.global_step == at:
+            os.kill(os.getpid(), signum)
+cfg = config_from_dict(json.loads(open(config).read()))
+with stop_on_signals() as stopper:
+    try:
+        if what == "grpo":
+            from pipeline.policy import run_policy_phase
+            from pipeline.problems import problem_set_from_config
+            run_policy_phase(cfg, problem_set_from_config(cfg), args["policy"], args["out"], 1, args["rms"],
+                             callbacks=[Kill()])
+        else:
+            from pipeline.reward_model import train_reward_model
+            rows = json.loads(open(args["rows"]).read())
+            train_reward_model(cfg, "prm", rows, args["policy"], args["out"], False, callbacks=[Kill()], round_index=0)
+    except BaseException as e:
+        sys.exit(stopper.exit_code(e))
+"""
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _killed(tmp_path, what: str, data: dict, args: dict, at: int, signum: int) -> subprocess.CompletedProcess:
+    config = tmp_path / f"{what}.json"
+    config.write_text(json.dumps(data))
+    return subprocess.run([sys.executable, "-c", KILLED, what, str(config), json.dumps(args), str(at), str(signum)],
+                          env=child_env(OMP_NUM_THREADS="1", TQDM_DISABLE="1"), capture_output=True, text=True,
+                          timeout=300)
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    ta, tb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert set(ta) == set(tb)
+    differ = [k for k in ta if not torch.equal(ta[k], tb[k])]
+    assert differ == [], f"tensors differ: {differ}"
+
+
+def _grpo_config(tmp_path) -> dict:
+    # 4 steps; a generation batch lasts 2 of them (steps_per_generation 2): a checkpoint is saved every step
+    # (save_steps 1) but only at the end of a generation batch, so a kill as step 4 begins resumes from step 2.
+    # Process supervision from an untrained PRM: its scores differ by step, so every step has advantages (the
+    # untrained policy is never right: with the verifier alone every advantage is 0 and no weight would move).
+    return mini_config(tmp_path, policy={"tiny": dict(SIZES["tiny"])}, supervision={"mode": "process"},
+                       grpo={"learning_rate": 1e-3, "num_generations": 4, "per_device_train_batch_size": 8,
+                             "steps_per_generation": 2, "max_steps": 4, "max_completion_length": 12,
+                             "logging_steps": 1, "save_steps": 1})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "at", "resumed_from"), [(signal.SIGKILL, 3, 2), (signal.SIGINT, 1, 2), (signal.SIGINT, 3, 4)],
+                         ids=["SIGKILL", "SIGINT", "SIGINT-last-step"])
+def test_grpo_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, tiny_dirs, one_thread,
+                                                                             signum, at, resumed_from):
+    """SIGKILL as step 4 begins: the checkpoint of step 2 is resumed (step 3's was not saved: inside a generation
+    batch). SIGINT as step 2 begins: the step ends, a generation batch with it, and there the run saves and exits
+    130; the resume starts at step 3 on a fresh generation batch, as the uninterrupted run did. SIGINT in the last
+    step: its checkpoint is saved, and the resume only saves the model."""
+    from pipeline.policy import run_policy_phase
+    from pipeline.problems import problem_set_from_config
+
+    data = _grpo_config(tmp_path)
+    cfg = config_from_dict(data)
+    ps = problem_set_from_config(cfg)
+    policy, rms = tiny_dirs / "policy", {"prm": str(tiny_dirs / "prm")}
+    ref = run_policy_phase(cfg, ps, policy, tmp_path / "ref" / "policy", 1, rms)
+    with pytest.raises(AssertionError):  # it trained: the comparison below can fail
+        _assert_same_weights(policy, ref.policy_path)
+    out = tmp_path / "run" / "policy"
+    proc = _killed(tmp_path, "grpo", data, {"policy": str(policy), "out": str(out), "rms": rms}, at, signum)
+    assert proc.returncode == (-signum if signum == signal.SIGKILL else 128 + signum), proc.stderr[-3000:]
+    assert last_checkpoint(scratch_dir(out)).name == f"checkpoint-{resumed_from}"
+    assert not out.exists()
+    res = run_policy_phase(cfg, ps, policy, out, 1, rms)
+    _assert_same_weights(ref.policy_path, res.policy_path)
+    assert res.metrics == ref.metrics  # read from the log history, which the checkpoint carries
+    assert not scratch_dir(out).exists()
+
+
+def _prm_rows(cfg) -> list[dict]:
+    from pipeline.problems import problem_set_from_config
+    from pipeline.problems.arithmetic import answer_slip
+
+    ps = problem_set_from_config(cfg)
+    rows = []
+    for p in ps.train[:12]:
+        for j, text in enumerate([p.solution, answer_slip(p.solution)]):
+            gold = ps.gold_step_labels(text, p)
+            rows.append({"round": 0, "prompt_id": p.id, "prompt": p.prompt, "sample_index": j, "completion": text,
+                         "outcome": int(ps.is_correct(text, p)), "he_labels": gold,
+                         "se_labels": [float(g) for g in gold], "steps": text.split("\n")})
+    return rows
+
+
+@pytest.mark.slow
+def test_rm_training_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, tiny_policy_dir,
+                                                                                   one_thread):
+    """24 rows, 4 a step: 6 steps, a checkpoint every 2; SIGKILL as step 6 begins resumes from step 4."""
+    from pipeline.reward_model import train_reward_model
+
+    data = mini_config(tmp_path, policy={"tiny": dict(SIZES["tiny"])}, reward_model={"train_args": {
+        "learning_rate": 1e-3, "num_train_epochs": 1, "per_device_train_batch_size": 4, "save_steps": 2}})
+    cfg = config_from_dict(data)
+    rows = _prm_rows(cfg)
+    ref = train_reward_model(cfg, "prm", rows, tiny_policy_dir, tmp_path / "ref" / "prm", False, round_index=0)
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    out = tmp_path / "run" / "prm"
+    proc = _killed(tmp_path, "prm", data, {"policy": str(tiny_policy_dir), "out": str(out),
+                                          "rows": str(tmp_path / "rows.json")}, 5, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert last_checkpoint(scratch_dir(out)).name == "checkpoint-4"
+    path = train_reward_model(cfg, "prm", rows, tiny_policy_dir, out, False, round_index=0)
+    _assert_same_weights(ref, path)
+    assert not scratch_dir(out).exists()
+
+
+# --------------------------------------------------------------------------------------- without training
+
+
+def test_a_checkpoint_of_other_work_is_deleted_not_resumed(tmp_path, caplog):
+    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
+    scratch = tmp_path / ".trainer-policy"
+    mine = fingerprint(cfg, "policy", 1, policy="p")
+    assert claim(scratch, mine) is False  # new
+    (scratch / "checkpoint-3").mkdir()
+    (scratch / "checkpoint-3" / "trainer_state.json").write_text("{}")
+    assert claim(scratch, mine) is True and last_checkpoint(scratch).name == "checkpoint-3"
+    other = config_from_dict(mini_config(tmp_path, grpo={"learning_rate": 1.0}), check_trl=False)
+    for theirs in (fingerprint(other, "policy", 1, policy="p"), fingerprint(cfg, "policy", 2, policy="p"),
+                   fingerprint(cfg, "collect", 1, policy="p")):
+        assert theirs != mine
+    with caplog.at_level("WARNING", logger="pipeline.resume"):
+        assert claim(scratch, fingerprint(cfg, "policy", 2, policy="p")) is False
+    assert last_checkpoint(scratch) is None and "deleted, not resumed" in caplog.text
+    # Fields that change nothing a phase computes (more rounds, the tracking store) keep its checkpoints.
+    same = config_from_dict(mini_config(tmp_path, run={"rounds": 7}, tracking={"experiment": "x"}), check_trl=False)
+    assert fingerprint(same, "policy", 1, policy="p") == mine
+
+
+def test_half_written_checkpoints_and_empty_scratch_are_dropped(tmp_path):
+    round_dir = tmp_path / "round-001"
+    whole, half, empty = round_dir / ".trainer-policy", round_dir / "reward_model" / ".trainer-prm", round_dir / ".trainer-x"
+    for path in (whole / "checkpoint-2", whole / "checkpoint-4", half / "checkpoint-1", empty):
+        path.mkdir(parents=True)
+    (whole / "checkpoint-2" / "trainer_state.json").write_text("{}")  # checkpoint-4: killed while saving it
+    keep_resumable(round_dir)
+    assert last_checkpoint(whole).name == "checkpoint-2" and not (whole / "checkpoint-4").exists()
+    assert not half.exists() and not empty.exists()
+
+
+class _State:
+    def __init__(self, step, max_steps=10):
+        self.global_step, self.max_steps = step, max_steps
+
+
+class _Control:
+    should_save = should_training_stop = False
+
+
+@pytest.mark.parametrize(("step", "stop", "saves", "stops"), [
+    (4, False, True, False),  # a periodic save at the end of a generation batch
+    (3, False, False, False),  # inside one: skipped
+    (3, True, False, False),  # told to stop inside one: goes on to its end
+    (4, True, True, True),  # and there saves and stops
+    (10, False, False, False),  # the last step: the phase saves the model itself
+    (10, True, True, True),  # unless told to stop there: the resume then only saves the model
+])
+def test_saves_and_stops_only_at_a_generation_batch_boundary(step, stop, saves, stops):
+    control = _Control()
+    control.should_save = True  # as transformers' flow callback set it
+    try:
+        if stop:
+            STOP.set()
+        StopAtStepBoundary(cycle=2).on_step_end(None, _State(step), control)
+    finally:
+        STOP.clear()
+    assert (control.should_save, control.should_training_stop) == (saves, stops)
+
+
+def test_generation_cycle_in_optimizer_steps():
+    from types import SimpleNamespace as A
+
+    assert generation_cycle(A(gradient_accumulation_steps=4)) == 1  # not GRPO
+    assert generation_cycle(A(steps_per_generation=4, num_iterations=1, gradient_accumulation_steps=4)) == 1
+    assert generation_cycle(A(steps_per_generation=2, num_iterations=2, gradient_accumulation_steps=1)) == 4
+    assert generation_cycle(A(steps_per_generation=4, num_iterations=1, gradient_accumulation_steps=6)) == 2
+
+
+@pytest.mark.slow  # three collections of 2-3 parts
+def test_a_collection_stopped_after_a_part_resumes_after_it_to_the_same_shard(tmp_path, tiny_policy_dir,
+                                                                            monkeypatch):
+    """6 prompts in parts of 2: stopped while labelling part 2, the resume reads part 1 back and collects parts 2
+    and 3 only, to the shard of a collection never stopped (each part seeded by its index, not by its turn)."""
+    from pipeline import collect
+    from pipeline.problems import problem_set_from_config
+    from pipeline.replay import read_shard
+    from pipeline.rundir import RunDir
+
+    cfg = config_from_dict(mini_config(tmp_path, collect={"prompts_per_part": 2}), check_trl=False)
+    ps = problem_set_from_config(cfg)
+    ref = collect.run_collection_phase(cfg, ps, tiny_policy_dir, tmp_path / "ref", 1)
+    real, calls = collect.collect_part, []
+
+    def stopped_in_part_2(*args, **kwargs):
+        calls.append(args[-1])  # its seed
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(collect, "collect_part", stopped_in_part_2)
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        collect.run_collection_phase(cfg, ps, tiny_policy_dir, run.root, 1)
+    assert sorted(p.name for p in run.collect_parts(1).iterdir()) == ["igrpo-fingerprint.json", "part-00000.json"]
+    assert not run.shard(1).exists()
+    res = collect.run_collection_phase(cfg, ps, tiny_policy_dir, run.root, 1)
+    assert calls[2:] == calls[1:2] + [calls[1] + collect.PART_SEED_STRIDE]  # parts 2 (again) and 3, not part 1
+    assert read_shard(res.shard_path) == read_shard(ref.shard_path)
+    timings = ("_per_s",)
+    assert ({k: v for k, v in res.metrics.items() if not k.endswith(timings)}
+            == {k: v for k, v in ref.metrics.items() if not k.endswith(timings)})
+    assert not run.collect_parts(1).exists()
