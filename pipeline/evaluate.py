@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,32 @@ def majority_answer(answers: Sequence[str | None]) -> str | None:
     votes = Counter(a for a in answers if a is not None)
     # Counter keeps first-insertion order and most_common sorts stably, so ties go to the first seen.
     return votes.most_common(1)[0][0] if votes else None
+
+
+def merge_equivalent(
+    answers: Sequence[str | None], correct: Sequence[bool], equivalent: Callable[[str, str], bool]
+) -> list[str | None]:
+    """Each answer replaced by the first one before it that is equivalent and judged alike, so that votes count
+    values, not spellings (``\\frac{1}{2}`` and ``0.5`` are one answer); None stays None (no vote).
+
+    Joining a class needs the same verdict too: an equivalence that is not transitive (math-verify's numeric
+    tolerance) could otherwise put a right and a wrong answer in one class.
+
+    >>> merge_equivalent(["1/2", "0.5", None, "2", "0.50"], [True, True, False, False, True],
+    ...                  lambda a, b: float(eval(a)) == float(eval(b)))
+    ['1/2', '1/2', None, '2', '1/2']
+    """
+    firsts: list[tuple[str, bool]] = []
+    out: list[str | None] = []
+    for a, ok in zip(answers, correct):
+        if a is None:
+            out.append(None)
+            continue
+        first = next((f for f, f_ok in firsts if f_ok == bool(ok) and (f == a or equivalent(f, a))), None)
+        if first is None:
+            firsts.append((first := a, bool(ok)))
+        out.append(first)
+    return out
 
 
 def _answer_classes(
@@ -278,8 +304,10 @@ def evaluate_policy(
     opts = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     greedy = sample(model, tokenizer, prompts, 1, greedy=True, desc="eval greedy", **opts)
     sampled = sample(model, tokenizer, prompts, n, temperature=temperature, top_p=top_p, desc="eval samples", **opts)
-    answers = [[problem_set.extract_answer(t) for t in texts] for texts in sampled.texts]
     correct = [[problem_set.is_correct(t, p) for t in texts] for texts, p in zip(sampled.texts, problems)]
+    # Votes (Maj@K here, best-of-N and the weighted vote in the eval phase) count equivalent answers as one.
+    answers = [merge_equivalent([problem_set.extract_answer(t) for t in texts], ok, problem_set.equivalent)
+               for texts, ok in zip(sampled.texts, correct)]
     greedy_correct = [problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)]
     metrics = {
         "greedy": float(np.mean(greedy_correct)),

@@ -26,10 +26,11 @@ from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora
 from pipeline.config import PipelineConfig, RewardModelConfig
 from pipeline.passthrough import checkpointing_defaults, device_defaults
+from pipeline.problems import step_separator
 from pipeline.replay import ReplayBuffer
 from pipeline.rm_kinds import rm_kind
 from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, train_in_scratch, write_json_atomic
-from pipeline.scorers import Scores, aggregate
+from pipeline.scorers import SEPARATOR_KEY, Scores, aggregate
 
 
 def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
@@ -255,7 +256,8 @@ def train_reward_model(
     backbone: `reward_model.model` or the round's policy, `backbone`).
 
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
-    transformers' Trainer and `bce_loss`.
+    transformers' Trainer and `bce_loss`. The RM learns the problem set's steps, so their separator goes with
+    the rows (`with_separator`) and into the checkpoint's config (`scorers.trained_separator` reads it back).
     """
     spec = rm_kind(kind)
     if warm:
@@ -263,7 +265,9 @@ def train_reward_model(
     else:
         torch.manual_seed(cfg.run.seed)  # the new head's init: the same on a resumed run
         model, tokenizer = reward_model_from_policy(str(init), kind)
-    examples = spec.examples(rows, tokenizer, cfg.reward_model)
+    separator = step_separator(cfg)
+    setattr(model.config, SEPARATOR_KEY, separator)
+    examples = spec.examples(with_separator(rows, separator), tokenizer, cfg.reward_model)
     if not examples:
         raise ValueError(f"no {kind.upper()} training examples: the shard has no completion with a step")
     if cfg.reward_model.lora:
@@ -287,6 +291,11 @@ def train_reward_model(
         )
     train_in_scratch(trainer)
     return save_model(trainer.model, tokenizer, out_dir, kind=kind)
+
+
+def with_separator(rows: list[dict], separator: str) -> list[dict]:
+    """Training rows with the problem set's step separator beside each (`prm_examples` reads `step_separator`)."""
+    return [{**r, "step_separator": separator} for r in rows]
 
 
 def evaluate_reward_model(

@@ -21,7 +21,7 @@ import torch
 
 from pipeline.problems.base import Problem, ProblemSet
 from pipeline.rewards import RewardError
-from pipeline.steps import scored_step_ends, step_token_ends
+from pipeline.steps import STEP_SEPARATOR, scored_step_ends, step_token_ends
 
 
 def _forward(model, tokenizer, texts: list[str], batch_size: int, offsets: bool):
@@ -73,13 +73,15 @@ class OrmScorer:
 class PrmScorer:
     """Batched no-grad PRM: one forward pass per batch, P(step correct) read at each step end.
 
-    Steps follow `pipeline.steps`; a blank completion is read at its last character (one score). A
-    solution's score is the `aggregation` (min, last, product) of its step scores.
+    Steps follow `pipeline.steps` with the separator the PRM was trained on (`separator`: by default the one
+    its checkpoint records, `trained_separator`); a blank completion is read at its last character (one score).
+    A solution's score is the `aggregation` (min, last, product) of its step scores.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, aggregation: str = "min"):
+    def __init__(self, model, tokenizer, batch_size: int = 64, aggregation: str = "min", separator: str | None = None):
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
         self.aggregation = aggregation
+        self.separator = separator if separator is not None else trained_separator(model)
 
     def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
         texts = [p + c for p, c in zip(prompts, completions)]
@@ -88,7 +90,7 @@ class PrmScorer:
             probs = torch.sigmoid(logits[..., 0])  # (b, T)
             for r in range(probs.shape[0]):
                 i = s + r
-                idx = step_token_ends(offs[r].tolist(), completions[i], start=len(prompts[i]))
+                idx = step_token_ends(offs[r].tolist(), completions[i], start=len(prompts[i]), separator=self.separator)
                 out.append(probs[r, idx].tolist())
         for i, scores in enumerate(out):
             _refuse_nonfinite("PRM", scores, [completions[i]] * len(scores), sample=i)
@@ -127,6 +129,7 @@ class GoldStepScorer:
         if not problem_set.has_gold_step_labels:
             raise ValueError(f"{problem_set.name}: has no gold step labels, so it cannot be the oracle PRM")
         self.problem_set, self.problems = problem_set, dict(problems)
+        self.separator = problem_set.step_separator
 
     @classmethod
     def from_rows(cls, problem_set: ProblemSet, rows: Iterable[Mapping]) -> GoldStepScorer:
@@ -150,11 +153,20 @@ class GoldStepScorer:
         if problem is None:
             raise ValueError(f"oracle PRM: no problem has the prompt {prompt[:60]!r} (not among the round's prompts)")
         gold = self.problem_set.gold_step_labels(completion, problem) if completion.strip() else [0]
-        ends = scored_step_ends(completion)
+        ends = scored_step_ends(completion, self.separator)
         if len(gold) != len(ends):
             raise ValueError(f"oracle PRM: {len(gold)} gold labels but {len(ends)} steps in {completion[:60]!r} "
                              f"({problem.id}): the problem set splits steps unlike pipeline.steps")
         return [float(v) for v in gold]
+
+
+def trained_separator(model) -> str:
+    """The step separator a PRM was trained on: recorded in its config (`config.json`) when trained, so that every
+    phase reads its scores at the step ends it learned; a line for a checkpoint that records none."""
+    return getattr(getattr(model, "config", None), SEPARATOR_KEY, None) or STEP_SEPARATOR
+
+
+SEPARATOR_KEY = "igrpo_step_separator"  # the model config's key of `trained_separator`
 
 
 def aggregate(step_scores: Sequence[float], how: str = "min") -> float:

@@ -26,6 +26,7 @@ ON_REGISTER: list = []  # called after a registration (the config adds the set's
 __all__ = [
     "GSM8K", "KNOWN_KINDS", "DatasetProblems", "PROBLEM_SETS", "EmbeddedArithmetic", "Problem", "ProblemSet", "ProblemSetConfig",
     "ProblemSetKind", "build_problem_set", "load_problem_set", "problem_set_from_config", "register_problem_set",
+    "step_separator",
 ]
 
 
@@ -67,6 +68,14 @@ def load_problem_set(kind: str, seed: int = 0, **fields: Any) -> ProblemSet:
     entry = problem_set_kind(kind)
     fields = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in fields.items()}
     return build_problem_set(kind, entry.config(**fields), seed)
+
+
+def step_separator(cfg) -> str:
+    """The step separator of the config's problem set, known without building the set (the reward-model phase
+    needs it, not the data): its section's `step_separator` field, else its class's."""
+    kind = cfg.problems.kind
+    field = getattr(getattr(cfg.problems, kind), "step_separator", None)
+    return field if field is not None else problem_set_kind(kind).problem_set.step_separator
 
 
 def problem_set_from_config(cfg) -> ProblemSet:

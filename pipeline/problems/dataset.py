@@ -25,10 +25,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+import pipeline.problems.gsm8k as gsm8k  # the module itself: importing the package would be a cycle
 from pipeline import steps
-from pipeline.problems import gsm8k
 from pipeline.problems.base import (
-    ANSWER_PREFIX, Problem, ProblemSet, ProblemSetConfig, ProblemSetKind, answer_line_value,
+    ANSWER_PREFIX,
+    Problem,
+    ProblemSet,
+    ProblemSetConfig,
+    ProblemSetKind,
+    answer_line_value,
 )
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # `datasets` packaged builders

@@ -6,19 +6,24 @@ from __future__ import annotations
 from pipeline.reward_model import accuracy, auc, mean, step_label_pairs
 from pipeline.rm_kinds import RewardModelKind
 from pipeline.scorers import PrmScorer, aggregate
-from pipeline.steps import step_char_ends, step_token_ends
+from pipeline.steps import STEP_SEPARATOR, step_char_ends, step_token_ends
 
 
-def prm_examples(rows: list[dict], tokenizer, target: str) -> list[dict]:
-    """Token ids of `prompt + completion` with a label at each step end and -100 elsewhere."""
+def prm_examples(rows: list[dict], tokenizer, target: str, separator: str | None = None) -> list[dict]:
+    """Token ids of `prompt + completion` with a label at each step end and -100 elsewhere.
+
+    `separator`: the problem set's step separator; by default each row's `step_separator` (the reward-model
+    phase puts the run's there, `reward_model.with_separator`), else a line.
+    """
     key = "he_labels" if target == "hard" else "se_labels"
     out = []
     for r in rows:
-        if not step_char_ends(r["completion"]):
+        sep = separator or r.get("step_separator") or STEP_SEPARATOR
+        if not step_char_ends(r["completion"], sep):
             continue  # a blank completion has no step to label
         enc = tokenizer(r["prompt"] + r["completion"], return_offsets_mapping=True)
         # The tokens PrmScorer reads in GRPO and evaluation (the same helper, the same text).
-        idx = step_token_ends(enc["offset_mapping"], r["completion"], start=len(r["prompt"]))
+        idx = step_token_ends(enc["offset_mapping"], r["completion"], start=len(r["prompt"]), separator=sep)
         labels = [-100.0] * len(enc["input_ids"])
         for i, y in zip(idx, r[key]):
             labels[i] = float(y)
