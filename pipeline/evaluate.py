@@ -279,6 +279,15 @@ class PolicyEval:
     greedy_correct: list[bool]
 
 
+def judged(problem_set, texts: Sequence[str], problem) -> tuple[list[str | None], list[bool]]:
+    """One problem's samples as every estimator reads them: (answers, correct), the answers extracted and merged
+    by the set's equivalence (`merge_equivalent`), so that Maj@K, best-of-N and the weighted vote count one vote
+    per value and the verifier (`is_correct`) judges each sample as its answer's class."""
+    correct = [problem_set.is_correct(t, problem) for t in texts]
+    extracted = [problem_set.extract_answer(t) for t in texts]
+    return merge_equivalent(extracted, correct, problem_set.equivalent), correct
+
+
 def evaluate_policy(
     model,
     tokenizer,
@@ -304,10 +313,8 @@ def evaluate_policy(
     opts = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     greedy = sample(model, tokenizer, prompts, 1, greedy=True, desc="eval greedy", **opts)
     sampled = sample(model, tokenizer, prompts, n, temperature=temperature, top_p=top_p, desc="eval samples", **opts)
-    correct = [[problem_set.is_correct(t, p) for t in texts] for texts, p in zip(sampled.texts, problems)]
-    # Votes (Maj@K here, best-of-N and the weighted vote in the eval phase) count equivalent answers as one.
-    answers = [merge_equivalent([problem_set.extract_answer(t) for t in texts], ok, problem_set.equivalent)
-               for texts, ok in zip(sampled.texts, correct)]
+    judgements = [judged(problem_set, texts, p) for texts, p in zip(sampled.texts, problems)]
+    answers, correct = [a for a, _ in judgements], [c for _, c in judgements]
     greedy_correct = [problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)]
     metrics = {
         "greedy": float(np.mean(greedy_correct)),

@@ -2,8 +2,9 @@
 
 A step is one non-blank piece of a completion between two matches of the problem set's step separator
 (`ProblemSet.step_separator`, a regular expression: ``"\n"`` by default, a line; ``"\n\n"`` a paragraph).
-Its *end* is the character that closes it: the separator's first character after it when there is one, else
-the piece's last character. Every function here takes that separator, and every caller passes its problem
+Its *end* is the character that closes it: the last character of the separator after it when there is one
+(so an MC prefix holds the whole separator, and the rollout starts the next step), else the piece's last
+character. Every function here takes that separator, and every caller passes its problem
 set's, so MC prefixes, PRM labels and scores and process advantages still share one split. A PRM reads its score at the token
 that holds a step's end, so the score has seen the whole step (Math-Shepherd reads it at a tag token
 after each step; the newline plays that tag here without adding a token).
@@ -50,13 +51,13 @@ def _pieces(text: str, separator: str) -> Iterator[tuple[int, int, int]]:
     start = 0
     for m in separator_pattern(separator).finditer(text):
         # A zero-width match (a lookahead) closes the piece on its own last character.
-        yield start, m.start(), m.start() if m.end() > m.start() else m.start() - 1
+        yield start, m.start(), m.end() - 1 if m.end() > m.start() else m.start() - 1
         start = m.end()
     yield start, len(text), len(text) - 1
 
 
 def step_spans(text: str, separator: str = STEP_SEPARATOR) -> list[tuple[int, int]]:
-    """(start, end) character spans of the steps of `text`, `end` inclusive (the closing separator's first
+    """(start, end) character spans of the steps of `text`, `end` inclusive (the closing separator's last
     character, if any).
 
     >>> step_spans("1+2=3\\n3*4=12\\nAnswer: 12")
@@ -64,7 +65,7 @@ def step_spans(text: str, separator: str = STEP_SEPARATOR) -> list[tuple[int, in
     >>> step_spans("\\n\\nx\\n")
     [(2, 3)]
     >>> step_spans("a\\nb\\n\\nc", "\\n\\n")
-    [(0, 3), (5, 5)]
+    [(0, 4), (5, 5)]
     """
     return [(start, end) for start, stop, end in _pieces(text, separator) if text[start:stop].strip()]
 
