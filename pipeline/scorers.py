@@ -163,7 +163,8 @@ class GoldStepScorer:
 def trained_separator(model) -> str:
     """The step separator a PRM was trained on: recorded in its config (`config.json`) when trained, so that every
     phase reads its scores at the step ends it learned; a line for a checkpoint that records none."""
-    return getattr(getattr(model, "config", None), SEPARATOR_KEY, None) or STEP_SEPARATOR
+    recorded = getattr(getattr(model, "config", None), SEPARATOR_KEY, None)
+    return recorded if isinstance(recorded, str) and recorded else STEP_SEPARATOR
 
 
 SEPARATOR_KEY = "igrpo_step_separator"  # the model config's key of `trained_separator`
