@@ -75,7 +75,8 @@ def make_request(problem_set: ProblemSet, problem: Problem, tokenizer, completio
     `prompt`: the rendered prompt the completion was sampled after (default: the problem's plain prompt).
     """
     text, spans = token_spans(tokenizer, completion_ids)
-    ends = step_token_ends(spans, text) if step_char_ends(text) else []  # a blank completion has no step
+    sep = problem_set.step_separator
+    ends = step_token_ends(spans, text, separator=sep) if step_char_ends(text, sep) else []  # blank: no step
     prompt_tokens = tuple(prompt_ids(tokenizer, prompt or problem.prompt))
     prefixes = [text[: spans[e][1]] for e in ends]
     continuations = [Continuation(prompt_tokens, tuple(completion_ids[: e + 1])) for e in ends]
@@ -157,12 +158,13 @@ def imputed_share(labels: Sequence[Labels]) -> float:
 
 
 def agreement(labels: Sequence[Sequence[float]], gold: Sequence[Sequence[int]], threshold: float = 0.5) -> float:
-    """Share of steps whose label (>= threshold counts as 1) equals the gold label.
+    """Share of steps whose label (>= threshold counts as 1) equals the gold label, over the samples with gold
+    labels (None: a sample whose steps the set cannot judge).
 
-    >>> agreement([[1, 0], [0.75]], [[1, 1], [1]])
+    >>> agreement([[1, 0], [0.75], [0]], [[1, 1], [1], None])
     0.6666666666666666
     """
-    pairs = [(int(v >= threshold), g) for ls, gs in zip(labels, gold) for v, g in zip(ls, gs)]
+    pairs = [(int(v >= threshold), g) for ls, gs in zip(labels, gold) if gs is not None for v, g in zip(ls, gs)]
     return sum(a == b for a, b in pairs) / len(pairs) if pairs else float("nan")
 
 
@@ -215,12 +217,13 @@ def collect_part(problem_set: ProblemSet, c, sample, prove, problems: list[Probl
         labels = label(problem_set, completer, reqs, c.rollouts_per_step)
     rows = []
     for (p, j, text, ntok, _), lab in zip(items, labels):
+        g = problem_set.gold_step_labels(text, p) if problem_set.has_gold_step_labels else None
         rows.append({
-            "prompt_id": p.id, "prompt": prompts[p.id], "sample_index": j, "completion": text,
-            "answer": problem_set.extract_answer(text), "steps": split_steps(text),
-            "outcome": int(problem_set.is_correct(text, p)), "he_labels": lab.he, "se_labels": lab.se,
-            "gold_labels": problem_set.gold_step_labels(text, p) if problem_set.has_gold_step_labels else None,
-            "rollouts": lab.rollouts, "num_tokens": ntok,
+            "prompt_id": p.id, "prompt": prompts[p.id],
+            "sample_index": j, "completion": text, "answer": problem_set.extract_answer(text),
+            "steps": split_steps(text, problem_set.step_separator), "outcome": int(problem_set.is_correct(text, p)),
+            "he_labels": lab.he, "se_labels": lab.se, "gold_labels": g, "rollouts": lab.rollouts,
+            "num_tokens": ntok,
         })
     stats.update(sample_seconds=fresh.seconds, sample_tokens=fresh.total_tokens)
     return {"rows": rows, "imputed": [lab.imputed for lab in labels], "stats": stats}

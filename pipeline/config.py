@@ -635,6 +635,8 @@ def config_reference() -> str:
                 out += rows(ann, f"{prefix}{name}.")
             else:
                 default = f.get_default(call_default_factory=True)
+                if isinstance(default, str):  # a newline default ("\n") would break the table's row
+                    default = default.encode("unicode_escape").decode()
                 out.append(f"| `{prefix}{name}` | `{default}` | {f.description or ''} |")
         return out
 

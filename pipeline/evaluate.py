@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,32 @@ def majority_answer(answers: Sequence[str | None]) -> str | None:
     votes = Counter(a for a in answers if a is not None)
     # Counter keeps first-insertion order and most_common sorts stably, so ties go to the first seen.
     return votes.most_common(1)[0][0] if votes else None
+
+
+def merge_equivalent(
+    answers: Sequence[str | None], correct: Sequence[bool], equivalent: Callable[[str, str], bool]
+) -> list[str | None]:
+    """Each answer replaced by the first one before it that is equivalent and judged alike, so that votes count
+    values, not spellings (``\\frac{1}{2}`` and ``0.5`` are one answer); None stays None (no vote).
+
+    Joining a class needs the same verdict too: an equivalence that is not transitive (math-verify's numeric
+    tolerance) could otherwise put a right and a wrong answer in one class.
+
+    >>> merge_equivalent(["1/2", "0.5", None, "2", "0.50"], [True, True, False, False, True],
+    ...                  lambda a, b: float(eval(a)) == float(eval(b)))
+    ['1/2', '1/2', None, '2', '1/2']
+    """
+    firsts: list[tuple[str, bool]] = []
+    out: list[str | None] = []
+    for a, ok in zip(answers, correct):
+        if a is None:
+            out.append(None)
+            continue
+        first = next((f for f, f_ok in firsts if f_ok == bool(ok) and (f == a or equivalent(f, a))), None)
+        if first is None:
+            firsts.append((first := a, bool(ok)))
+        out.append(first)
+    return out
 
 
 def _answer_classes(
@@ -253,6 +279,15 @@ class PolicyEval:
     greedy_correct: list[bool]
 
 
+def judged(problem_set, texts: Sequence[str], problem) -> tuple[list[str | None], list[bool]]:
+    """One problem's samples as every estimator reads them: (answers, correct), the answers extracted and merged
+    by the set's equivalence (`merge_equivalent`), so that Maj@K, best-of-N and the weighted vote count one vote
+    per value and the verifier (`is_correct`) judges each sample as its answer's class."""
+    correct = [problem_set.is_correct(t, problem) for t in texts]
+    extracted = [problem_set.extract_answer(t) for t in texts]
+    return merge_equivalent(extracted, correct, problem_set.equivalent), correct
+
+
 def evaluate_policy(
     model,
     tokenizer,
@@ -278,8 +313,8 @@ def evaluate_policy(
     opts = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
     greedy = sample(model, tokenizer, prompts, 1, greedy=True, desc="eval greedy", **opts)
     sampled = sample(model, tokenizer, prompts, n, temperature=temperature, top_p=top_p, desc="eval samples", **opts)
-    answers = [[problem_set.extract_answer(t) for t in texts] for texts in sampled.texts]
-    correct = [[problem_set.is_correct(t, p) for t in texts] for texts, p in zip(sampled.texts, problems)]
+    judgements = [judged(problem_set, texts, p) for texts, p in zip(sampled.texts, problems)]
+    answers, correct = [a for a, _ in judgements], [c for _, c in judgements]
     greedy_correct = [problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)]
     metrics = {
         "greedy": float(np.mean(greedy_correct)),

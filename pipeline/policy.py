@@ -43,7 +43,7 @@ from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_models_needed
 from pipeline.rundir import scratch_dir
 from pipeline.scorers import GoldStepScorer, PrmScorer
-from pipeline.steps import step_token_ends, token_spans
+from pipeline.steps import STEP_SEPARATOR, step_token_ends, token_spans
 
 
 @dataclass
@@ -55,13 +55,13 @@ class CompletionSteps:
     length: int  # its tokens in the loss, eos included; 0 when TRL masked it out (no steps then)
 
 
-def completion_steps(tokenizer, ids: Sequence[int], length: int) -> CompletionSteps:
+def completion_steps(tokenizer, ids: Sequence[int], length: int, separator: str = STEP_SEPARATOR) -> CompletionSteps:
     """The text and step-end tokens of a generated completion: `ids[:length]`, the rest being padding.
 
     One entry in `ends` per score `PrmScorer` reads from `text` (steps ending on one token repeat it, see
     `dedupe_steps`). A completion whose text is empty (only the eos) is one step on its last token. A
     completion of length 0 (`grpo.mask_truncated_completions` zeroed its mask) has no steps: it is out of
-    the loss, so it stays out of its group's statistics too.
+    the loss, so it stays out of its group's statistics too. `separator`: the problem set's step separator.
 
     >>> from models import char_tokenizer
     >>> tok = char_tokenizer()
@@ -73,7 +73,7 @@ def completion_steps(tokenizer, ids: Sequence[int], length: int) -> CompletionSt
     if length == 0:
         return CompletionSteps("", [], 0)
     text, spans = token_spans(tokenizer, list(ids[:length]))
-    return CompletionSteps(text, step_token_ends(spans, text) if text else [length - 1], length)
+    return CompletionSteps(text, step_token_ends(spans, text, separator=separator) if text else [length - 1], length)
 
 
 def dedupe_steps(scores: list[float], ends: list[int]) -> tuple[list[float], list[int]]:
@@ -149,7 +149,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, prm_scorer: PrmScorer | None = None, supervision: str | SupervisionConfig = "outcome",
                  process_credit: str = "sum", process_weight: float = 1.0, process_baseline: str = "group",
-                 process_centring: str = "none", process_reward: str = "value", **kwargs):
+                 process_centring: str = "none", process_reward: str = "value", step_separator: str = STEP_SEPARATOR,
+                 **kwargs):
         if isinstance(supervision, str):
             supervision = SupervisionConfig.model_construct(
                 mode=supervision, process_credit=process_credit, process_weight=process_weight,
@@ -158,7 +159,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
         if self.mode.step_rewards and prm_scorer is None:
             raise ValueError(f"{supervision.mode} supervision needs a PRM (prm_scorer)")
         super().__init__(*args, **kwargs)
-        self.prm_scorer, self.supervision = prm_scorer, supervision
+        self.prm_scorer, self.supervision, self.step_separator = prm_scorer, supervision, step_separator
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Kept for the mode (rft reads the verifier's): TRL returns the rewards gathered over processes, (B_all, F).
@@ -195,7 +196,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
         """Score every step of this process's completions, gather the group, return (B_all, T') advantages."""
         from accelerate.utils import gather_object
 
-        rows = [completion_steps(self.processing_class, r.tolist(), n) for r, n in zip(ids, lengths)]
+        rows = [completion_steps(self.processing_class, r.tolist(), n, self.step_separator) for r, n in zip(ids, lengths)]
         prompts = prompt_texts(inputs, self.processing_class, self.chat_template_kwargs)
         if getattr(self.prm_scorer, "online_lr", None) and self.model.training:  # PRIME: update, then score
             start = self.accelerator.process_index * len(inputs)  # this process's rows; the verifier is column 0
@@ -301,6 +302,7 @@ def run_policy_phase(
                          renderer=renderer_from_config(cfg, tokenizer))
     oracle = cfg.reward_model.oracle == "gold"
     prm = GoldStepScorer.from_rows(problem_set, data) if oracle else scorers.get(cfg.supervision.process_reward_model)
+    check_step_separator(prm, problem_set)
 
     peft_config = policy_peft_config(cfg)
 
@@ -309,7 +311,7 @@ def run_policy_phase(
     trainer = ProcessGRPOTrainer(
         model=str(policy_path), reward_funcs=funcs, args=args, train_dataset=data,
         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
-        prm_scorer=prm, supervision=cfg.supervision,
+        prm_scorer=prm, supervision=cfg.supervision, step_separator=problem_set.step_separator,
     )
     for scorer in scorers.values():  # on this process's device (its own GPU under accelerate launch)
         scorer.model.to(trainer.accelerator.device)
@@ -317,6 +319,15 @@ def run_policy_phase(
                                          reward_models={k: str(v) for k, v in (reward_models or {}).items()}))
     save_model(trainer.model, tokenizer, out_dir)
     return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history))
+
+
+def check_step_separator(scorer, problem_set: ProblemSet) -> None:
+    """A ValueError where a step scorer reads steps at another separator than the problem set's (a PRM trained on
+    another set): its scores would land on other tokens than the steps GRPO credits."""
+    theirs = getattr(scorer, "separator", None)
+    if theirs is not None and theirs != problem_set.step_separator:
+        raise ValueError(f"the PRM was trained on steps split by {theirs!r}, and {problem_set.name}'s steps are split "
+                         f"by {problem_set.step_separator!r}: train a PRM on this problem set's steps")
 
 
 def policy_metrics(log_history: list[dict]) -> dict[str, float]:

@@ -27,11 +27,12 @@ from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora, reward_model_layout
 from pipeline.config import PipelineConfig, RewardModelConfig
 from pipeline.passthrough import RESUMABLE, checkpointing_defaults, device_defaults
+from pipeline.problems import step_separator
 from pipeline.replay import ReplayBuffer
 from pipeline.resume import fingerprint, train_resumable
 from pipeline.rm_kinds import PrmLayout, layout_of, prm_head, rm_entry, rm_kind
 from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, write_json_atomic
-from pipeline.scorers import Scores, aggregate
+from pipeline.scorers import SEPARATOR_KEY, Scores, aggregate
 
 
 def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
@@ -280,7 +281,9 @@ def train_reward_model(
     published PRM); afresh, it is built in `reward_model.head`'s layout. The saved checkpoint records it.
 
     A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
-    transformers' Trainer and `bce_loss`, or the kind's own `loss` and `collate` (`RewardModelKind`).
+    transformers' Trainer and `bce_loss`, or the kind's own `loss` and `collate` (`RewardModelKind`). The RM
+    learns the problem set's steps, so their separator goes with the rows (`with_separator`) and into the
+    checkpoint's config (`scorers.trained_separator` reads it back).
     """
     spec = rm_kind(kind)
     layout = init_layout(cfg.reward_model, kind, init) if warm else None
@@ -291,7 +294,9 @@ def train_reward_model(
         layout = layout_of(cfg.reward_model) if rm_entry(kind).layouts else None
         model, tokenizer = reward_model_from_policy(str(init), kind, layout)
     rm = with_layout(cfg.reward_model, layout)
-    examples = spec.examples(rows, tokenizer, rm)
+    separator = step_separator(cfg)
+    setattr(model.config, SEPARATOR_KEY, separator)
+    examples = spec.examples(with_separator(rows, separator), tokenizer, rm)
     if not examples:
         raise ValueError(f"no {kind.upper()} training examples: the shard has no completion with a step")
     meta = {}
@@ -340,6 +345,11 @@ def hash_rows(rows: list[dict]) -> str:
     import json
 
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def with_separator(rows: list[dict], separator: str) -> list[dict]:
+    """Training rows with the problem set's step separator beside each (`prm_examples` reads `step_separator`)."""
+    return [{**r, "step_separator": separator} for r in rows]
 
 
 def evaluate_reward_model(

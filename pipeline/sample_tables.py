@@ -82,7 +82,7 @@ def eval_samples(problem_set, problems: Sequence, prompts: Sequence[str], texts:
     gold = problem_set.gold_step_labels if problem_set.has_gold_step_labels else lambda text, problem: None
     return [
         {"round": round_index, "prompt_id": p.id, "sample_index": j, "prompt": q, "completion": t,
-         "steps": split_steps(t), "answer": a, "outcome": int(c), "he_labels": None, "se_labels": None,
+         "steps": split_steps(t, problem_set.step_separator), "answer": a, "outcome": int(c), "he_labels": None, "se_labels": None,
          "gold_labels": gold(t, p)}
         for p, q, ts, ans, cs in zip(problems, prompts, texts, answers, correct)
         for j, (t, a, c) in enumerate(zip(ts, ans, cs))

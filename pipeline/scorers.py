@@ -23,7 +23,7 @@ from pipeline.problems.base import Problem, ProblemSet
 from pipeline.rewards import RewardError
 from pipeline.rm_kinds import PrmLayout
 from pipeline.rm_kinds.heads import StepReader
-from pipeline.steps import scored_step_ends
+from pipeline.steps import STEP_SEPARATOR, scored_step_ends
 
 
 def _forward(model, tokenizer, texts: list[str], batch_size: int, offsets: bool):
@@ -76,19 +76,22 @@ class OrmScorer:
 class PrmScorer:
     """Batched no-grad PRM: one forward pass per batch, P(step correct) read at each step end.
 
-    Steps follow `pipeline.steps`; a blank completion is read at its last character (one score). A
-    solution's score is the `aggregation` (min, last, product) of its step scores. `reader` is the PRM's
-    layout (`pipeline.rm_kinds.heads.StepReader`): where it reads (a step's closing newline, or a tag put after
-    each step) and its formula; None: the value head, one logit at the newline.
+    Steps follow `pipeline.steps` with the separator the PRM was trained on (`separator`: by default the one
+    its checkpoint records, `trained_separator`); a blank completion is read at its last character (one score).
+    A solution's score is the `aggregation` (min, last, product) of its step scores. `reader` is the PRM's
+    layout (`pipeline.rm_kinds.heads.StepReader`): where it reads (a step's end, or a tag put after each step)
+    and its formula; None: the value head, one logit at each step's end.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, aggregation: str = "min", reader: StepReader | None = None):
+    def __init__(self, model, tokenizer, batch_size: int = 64, aggregation: str = "min", reader: StepReader | None = None,
+                 separator: str | None = None):
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
         self.aggregation = aggregation
         self.reader = reader or StepReader(PrmLayout())
+        self.separator = separator if separator is not None else trained_separator(model)
 
     def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
-        texts, reads = zip(*(self.reader.place(p, c) for p, c in zip(prompts, completions))) if prompts else ((), ())
+        texts, reads = zip(*(self.reader.place(p, c, self.separator) for p, c in zip(prompts, completions))) if prompts else ((), ())
         out: list[list[float]] = []
         for s, logits, offs, ids in _forward(self.model, self.tokenizer, list(texts), self.batch_size, offsets=True):
             for r in range(logits.shape[0]):
@@ -131,6 +134,7 @@ class GoldStepScorer:
         if not problem_set.has_gold_step_labels:
             raise ValueError(f"{problem_set.name}: has no gold step labels, so it cannot be the oracle PRM")
         self.problem_set, self.problems = problem_set, dict(problems)
+        self.separator = problem_set.step_separator
 
     @classmethod
     def from_rows(cls, problem_set: ProblemSet, rows: Iterable[Mapping]) -> GoldStepScorer:
@@ -154,11 +158,21 @@ class GoldStepScorer:
         if problem is None:
             raise ValueError(f"oracle PRM: no problem has the prompt {prompt[:60]!r} (not among the round's prompts)")
         gold = self.problem_set.gold_step_labels(completion, problem) if completion.strip() else [0]
-        ends = scored_step_ends(completion)
+        ends = scored_step_ends(completion, self.separator)
         if len(gold) != len(ends):
             raise ValueError(f"oracle PRM: {len(gold)} gold labels but {len(ends)} steps in {completion[:60]!r} "
                              f"({problem.id}): the problem set splits steps unlike pipeline.steps")
         return [float(v) for v in gold]
+
+
+def trained_separator(model) -> str:
+    """The step separator a PRM was trained on: recorded in its config (`config.json`) when trained, so that every
+    phase reads its scores at the step ends it learned; a line for a checkpoint that records none."""
+    recorded = getattr(getattr(model, "config", None), SEPARATOR_KEY, None)
+    return recorded if isinstance(recorded, str) and recorded else STEP_SEPARATOR
+
+
+SEPARATOR_KEY = "igrpo_step_separator"  # the model config's key of `trained_separator`
 
 
 def aggregate(step_scores: Sequence[float], how: str = "min") -> float:

@@ -1,11 +1,15 @@
 """One convention for solution steps, shared by PRM training, PRM scoring, process advantages and MC labels.
 
-A step is one non-blank line of a completion. Its *end* is the character that closes it: the newline
-after the line when there is one, else the line's last character. A PRM reads its score at the token
+A step is one non-blank piece of a completion between two matches of the problem set's step separator
+(`ProblemSet.step_separator`, a regular expression: ``"\n"`` by default, a line; ``"\n\n"`` a paragraph).
+Its *end* is the character that closes it: the last character of the separator after it when there is one
+(so an MC prefix holds the whole separator, and the rollout starts the next step), else the piece's last
+character. Every function here takes that separator, and every caller passes its problem
+set's, so MC prefixes, PRM labels and scores and process advantages still share one split. A PRM reads its score at the token
 that holds a step's end, so the score has seen the whole step (Math-Shepherd reads it at a tag token
 after each step; the newline plays that tag here without adding a token).
 
-A completion with no newline is one step. A completion that is blank has no steps.
+A completion with no separator is one step. A completion that is blank has no steps.
 
 Tokens: `step_token_ends` is the one answer to "which token holds each step's end", for the PRM's input
 when it is scored (`rewards.PrmScorer`) and trained (`reward_model.prm_examples`) and for the policy's own
@@ -18,43 +22,66 @@ which drops SentencePiece's leading spaces and turns a character split over byte
 from __future__ import annotations
 
 import bisect
+import functools
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 
-STEP_SEPARATOR = "\n"
+STEP_SEPARATOR = "\n"  # the default: a step is a line
 
 
-def step_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) character spans of the steps of `text`, `end` inclusive (the closing newline, if any).
+@functools.lru_cache(maxsize=64)
+def separator_pattern(separator: str) -> re.Pattern:
+    """The compiled separator; a ValueError naming it when it is not a regular expression that can match text.
+
+    >>> separator_pattern("\\n\\n").pattern
+    '\\n\\n'
+    """
+    try:
+        pattern = re.compile(separator)
+    except re.error as e:
+        raise ValueError(f"step separator {separator!r} is not a regular expression: {e}") from None
+    if pattern.fullmatch(""):  # it would match between every two characters: every character a step
+        raise ValueError(f"step separator {separator!r} matches the empty text; it must match at least one character")
+    return pattern
+
+
+def _pieces(text: str, separator: str) -> Iterator[tuple[int, int, int]]:
+    """(start, stop, end) of each piece between separators: `text[start:stop]`, `end` the closing character."""
+    start = 0
+    for m in separator_pattern(separator).finditer(text):
+        # A zero-width match (a lookahead) closes the piece on its own last character.
+        yield start, m.start(), m.end() - 1 if m.end() > m.start() else m.start() - 1
+        start = m.end()
+    yield start, len(text), len(text) - 1
+
+
+def step_spans(text: str, separator: str = STEP_SEPARATOR) -> list[tuple[int, int]]:
+    """(start, end) character spans of the steps of `text`, `end` inclusive (the closing separator's last
+    character, if any).
 
     >>> step_spans("1+2=3\\n3*4=12\\nAnswer: 12")
     [(0, 5), (6, 12), (13, 22)]
     >>> step_spans("\\n\\nx\\n")
     [(2, 3)]
+    >>> step_spans("a\\nb\\n\\nc", "\\n\\n")
+    [(0, 4), (5, 5)]
     """
-    spans = []
-    start = 0
-    for line in text.split(STEP_SEPARATOR):
-        stop = start + len(line)  # index of the newline after this line (or len(text))
-        if line.strip():
-            end = stop if stop < len(text) else stop - 1
-            spans.append((start, end))
-        start = stop + 1
-    return spans
+    return [(start, end) for start, stop, end in _pieces(text, separator) if text[start:stop].strip()]
 
 
-def split_steps(text: str) -> list[str]:
-    """The steps of `text`, each without its newline and trailing whitespace.
+def split_steps(text: str, separator: str = STEP_SEPARATOR) -> list[str]:
+    """The steps of `text`, each without its separator and trailing whitespace.
 
     >>> split_steps("1+2=3\\n\\n3*4=12 \\nAnswer: 12\\n")
     ['1+2=3', '3*4=12', 'Answer: 12']
     """
-    return [line.rstrip() for line in text.split(STEP_SEPARATOR) if line.strip()]
+    return [text[start:stop].rstrip() for start, stop, _ in _pieces(text, separator) if text[start:stop].strip()]
 
 
-def step_char_ends(text: str) -> list[int]:
+def step_char_ends(text: str, separator: str = STEP_SEPARATOR) -> list[int]:
     """The character index (inclusive) where each step of `text` ends."""
-    return [end for _, end in step_spans(text)]
+    return [end for _, end in step_spans(text, separator)]
 
 
 def char_to_token_ends(offsets: Sequence[tuple[int, int]], char_ends: Sequence[int]) -> list[int]:
@@ -163,7 +190,8 @@ def prefix_pieces(tokenizer, ids: Sequence[int], text: str) -> list[str]:
     return pieces
 
 
-def step_token_ends(offsets: Sequence[tuple[int, int]], completion: str, start: int = 0) -> list[int]:
+def step_token_ends(offsets: Sequence[tuple[int, int]], completion: str, start: int = 0,
+                    separator: str = STEP_SEPARATOR) -> list[int]:
     """The index of the token that holds each scored step end of `completion` (`scored_step_ends`).
 
     The one place that maps steps to tokens: PRM scoring, PRM training and GRPO's process advantages all
@@ -175,6 +203,7 @@ def step_token_ends(offsets: Sequence[tuple[int, int]], completion: str, start: 
         completion: the completion's text.
         start: where `completion` starts in the text the offsets measure (`len(prompt)` for `prompt +
             completion`, 0 for a completion on its own).
+        separator: the problem set's step separator.
 
     Prompt "Q: " and completion "1+1=2\\nA: 2" as the tokens "Q: ", "1+1=2", "\\n", "A: 2": the steps end
     at the newline (character 8 of the whole text) and at the last character (12).
@@ -182,10 +211,10 @@ def step_token_ends(offsets: Sequence[tuple[int, int]], completion: str, start: 
     >>> step_token_ends([(0, 3), (3, 8), (8, 9), (9, 13)], "1+1=2\\nA: 2", start=3)
     [2, 3]
     """
-    return char_to_token_ends(offsets, [start + e for e in scored_step_ends(completion)])
+    return char_to_token_ends(offsets, [start + e for e in scored_step_ends(completion, separator)])
 
 
-def scored_step_ends(text: str) -> list[int]:
+def scored_step_ends(text: str, separator: str = STEP_SEPARATOR) -> list[int]:
     """Where a PRM reads scores for `text`: its step ends, or, for a blank completion, its last character.
 
     Every completion thus gets at least one score, so an empty answer is judged (badly) rather than skipped.
@@ -196,15 +225,15 @@ def scored_step_ends(text: str) -> list[int]:
     >>> scored_step_ends("")
     [-1]
     """
-    return step_char_ends(text) or [len(text) - 1]
+    return step_char_ends(text, separator) or [len(text) - 1]
 
 
-def tagged_steps(text: str, tag: str) -> tuple[str, list[int]]:
+def tagged_steps(text: str, tag: str, separator: str = STEP_SEPARATOR) -> tuple[str, list[int]]:
     """`text` with `tag` put after each scored step (`scored_step_ends`), and where each tag ends in the result.
 
     Step-tag PRMs (Math-Shepherd's `ки`, Qwen2.5-Math-PRM's `<extra_0>`) read a step's score at a tag token after
-    it. The tag goes right after the step's text, before its closing newline (Math-Shepherd's "step ки\\n"), so the
-    steps stay the lines of `pipeline.steps` and a PRM of any layout scores the same steps. A blank text gets one
+    it. The tag goes right after the step's text, before its separator (Math-Shepherd's "step ки\\n"), so the
+    steps stay those of `pipeline.steps` and a PRM of any layout scores the same steps. A blank text gets one
     tag at its end (its one score, as `scored_step_ends`).
 
     Returns:
@@ -212,10 +241,12 @@ def tagged_steps(text: str, tag: str) -> tuple[str, list[int]]:
 
     >>> tagged_steps("1+2=3\\n3*4=12\\nAnswer: 12", "#")
     ('1+2=3#\\n3*4=12#\\nAnswer: 12#', [5, 13, 25])
+    >>> tagged_steps("a\\nb\\n\\nc", "#", "\\n\\n")
+    ('a\\nb#\\n\\nc#', [3, 7])
     >>> tagged_steps("", "#")
     ('#', [0])
     """
-    cuts = [e if 0 <= e < len(text) and text[e] == STEP_SEPARATOR else e + 1 for e in scored_step_ends(text)]
+    cuts = [stop for start, stop, _ in _pieces(text, separator) if text[start:stop].strip()] or [len(text)]
     pieces, ends, done = [], [], 0
     for cut in cuts:
         pieces += [text[done:cut], tag]

@@ -472,7 +472,7 @@ def test_config_choices_and_sections_come_from_the_registry():
 
     from pipeline.config import PipelineConfig, ProblemsConfig
 
-    assert get_args(ProblemsConfig.model_fields["kind"].annotation) == tuple(PROBLEM_SETS) == ("arithmetic", "gsm8k")
+    assert get_args(ProblemsConfig.model_fields["kind"].annotation) == tuple(PROBLEM_SETS) == ("arithmetic", "gsm8k", "dataset")
     for kind, entry in PROBLEM_SETS.items():
         assert ProblemsConfig.model_fields[kind].annotation is entry.config  # YAML `problems.<kind>.*`
     # The config's set is the registry's build of its section, seeded by the run.

@@ -11,18 +11,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeline.problems import arithmetic, gsm8k
+from pipeline.problems import arithmetic, dataset, gsm8k
 from pipeline.problems.arithmetic import EmbeddedArithmetic
 from pipeline.problems.base import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind
+from pipeline.problems.dataset import DatasetProblems
 from pipeline.problems.gsm8k import GSM8K
 
-PROBLEM_SETS: dict[str, ProblemSetKind] = {p.kind: p for p in (arithmetic.PROBLEM_SET, gsm8k.PROBLEM_SET)}
+PROBLEM_SETS: dict[str, ProblemSetKind] = {
+    p.kind: p for p in (arithmetic.PROBLEM_SET, gsm8k.PROBLEM_SET, dataset.PROBLEM_SET)
+}
 KNOWN_KINDS = tuple(PROBLEM_SETS)  # the built-in ones
 ON_REGISTER: list = []  # called after a registration (the config adds the set's `problems.<kind>` section)
 
 __all__ = [
-    "GSM8K", "KNOWN_KINDS", "PROBLEM_SETS", "EmbeddedArithmetic", "Problem", "ProblemSet", "ProblemSetConfig",
+    "GSM8K", "KNOWN_KINDS", "DatasetProblems", "PROBLEM_SETS", "EmbeddedArithmetic", "Problem", "ProblemSet", "ProblemSetConfig",
     "ProblemSetKind", "build_problem_set", "load_problem_set", "problem_set_from_config", "register_problem_set",
+    "step_separator",
 ]
 
 
@@ -52,7 +56,8 @@ def load_problem_set(kind: str, seed: int = 0, **fields: Any) -> ProblemSet:
 
     Args:
         kind: a key of `PROBLEM_SETS`: ``"arithmetic"`` (fields of ``problems.arithmetic``) or ``"gsm8k"``
-            (``train_path`` and ``test_path`` for local jsonl files, or ``hub_name``; ``num_train`` / ``num_test``).
+            (``train_path`` and ``test_path`` for local jsonl files, or ``hub_name``; ``num_train`` / ``num_test``)
+            or ``"dataset"`` (the fields of ``problems.dataset``: files or a hub id, columns, answer format).
         seed: the run seed (it draws the embedded set).
         **fields: the section's fields; paths may be `os.PathLike`.
 
@@ -63,6 +68,14 @@ def load_problem_set(kind: str, seed: int = 0, **fields: Any) -> ProblemSet:
     entry = problem_set_kind(kind)
     fields = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in fields.items()}
     return build_problem_set(kind, entry.config(**fields), seed)
+
+
+def step_separator(cfg) -> str:
+    """The step separator of the config's problem set, known without building the set (the reward-model phase
+    needs it, not the data): its section's `step_separator` field, else its class's."""
+    kind = cfg.problems.kind
+    field = getattr(getattr(cfg.problems, kind), "step_separator", None)
+    return field if field is not None else problem_set_kind(kind).problem_set.step_separator
 
 
 def problem_set_from_config(cfg) -> ProblemSet:

@@ -5,8 +5,9 @@ The answer convention, shared by all sets: a completion ends with a line ``Answe
 answer is the value of the LAST line that starts with ``Answer:`` (so a model that corrects itself is
 judged on its final word). Model output is only ever parsed, never passed to ``eval``/``exec``.
 
-Steps are not the set's to choose: one convention (`pipeline.steps`) places PRM labels and scores, MC
-prefixes and process advantages, so a set splitting its own way would disagree with all of them.
+Steps are split one way (`pipeline.steps`), which places PRM labels and scores, MC prefixes and process
+advantages; a set chooses only its separator (`ProblemSet.step_separator`, data that every phase passes to
+`pipeline.steps`), never a splitter of its own, which would disagree with them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def answer_line_value(completion: str) -> str | None:
     True
     """
     value = None
-    for line in completion.split(steps.STEP_SEPARATOR):
+    for line in completion.split("\n"):  # a line, whatever the step separator
         stripped = line.strip()
         if stripped.startswith(ANSWER_PREFIX):
             value = stripped[len(ANSWER_PREFIX) :].strip()
@@ -60,12 +61,14 @@ class ProblemSet(ABC):
 
     Subclasses set ``name``, ``train`` and ``test`` (disjoint: no prompt in both) and implement
     ``extract_answer``. ``has_gold_step_labels`` says whether ``gold_step_labels`` ever returns labels.
+    ``step_separator`` is the regular expression between two steps (`pipeline.steps`), a line by default.
     """
 
     name: str
     train: list[Problem]
     test: list[Problem]
     has_gold_step_labels: bool = False
+    step_separator: str = steps.STEP_SEPARATOR
 
     @abstractmethod
     def extract_answer(self, completion: str) -> str | None:
@@ -79,8 +82,15 @@ class ProblemSet(ABC):
         """
         return self.extract_answer(completion) == problem.answer
 
+    def equivalent(self, a: str, b: str) -> bool:
+        """Whether two extracted answers state the same value (Maj@K and best-of-N vote by it): by default,
+        equal strings, as the extraction is canonical. A set whose `is_correct` is ``equivalent(extracted,
+        gold)`` keeps the verifier and the votes agreeing on every form of an answer."""
+        return a == b
+
     def gold_step_labels(self, completion: str, problem: Problem) -> list[int] | None:
-        """One 0/1 label per step of ``pipeline.steps.split_steps(completion)``, or None when the set cannot know."""
+        """One 0/1 label per step of ``pipeline.steps.split_steps(completion, self.step_separator)``, or None
+        when the set cannot know."""
         return None
 
     def __repr__(self) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.rm_kinds import PrmLayout, prm_head
-from pipeline.steps import char_to_token_ends, scored_step_ends, tagged_steps
+from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, scored_step_ends, tagged_steps
 
 
 def value_probability(logits: torch.Tensor, label_ids=None) -> torch.Tensor:
@@ -97,11 +97,12 @@ class StepReader:
                   if layout.label_tokens else None)
         return StepReader(layout, tag, labels)
 
-    def place(self, prompt: str, completion: str) -> tuple[str, list[int]]:
-        """(the text the PRM reads, the character of each step's read position in it)."""
+    def place(self, prompt: str, completion: str, separator: str = STEP_SEPARATOR) -> tuple[str, list[int]]:
+        """(the text the PRM reads, the character of each step's read position in it); steps split at `separator`,
+        the problem set's."""
         if self.layout.step_tag is None:
-            return prompt + completion, [len(prompt) + e for e in scored_step_ends(completion)]
-        tagged, ends = tagged_steps(completion, self.layout.step_tag)
+            return prompt + completion, [len(prompt) + e for e in scored_step_ends(completion, separator)]
+        tagged, ends = tagged_steps(completion, self.layout.step_tag, separator)
         return prompt + tagged, [len(prompt) + e for e in ends]
 
     def tokens(self, offsets: Sequence[tuple[int, int]], ids: Sequence[int], chars: Sequence[int]) -> list[int]:

@@ -30,8 +30,8 @@ import torch
 
 from pipeline.rm_kinds import RewardModelKind
 from pipeline.rm_kinds.prm import prm_metrics
-from pipeline.scorers import Scores, _refuse_nonfinite, aggregate
-from pipeline.steps import char_to_token_ends, step_token_ends
+from pipeline.scorers import Scores, _refuse_nonfinite, aggregate, trained_separator
+from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, step_token_ends
 
 # --- the formulas: pure functions of tensors --------------------------------------------------------------
 
@@ -78,17 +78,18 @@ def implicit_loss(outputs, labels: tuple, num_items_in_batch=None, *, beta: floa
 # --- tokens -----------------------------------------------------------------------------------------------
 
 
-def completion_tokens(offsets: Sequence[tuple[int, int]], prompt: str, completion: str) -> tuple[int, list[int]]:
+def completion_tokens(offsets: Sequence[tuple[int, int]], prompt: str, completion: str,
+                      separator: str = STEP_SEPARATOR) -> tuple[int, list[int]]:
     """(the first completion token, each step's end token) of `prompt + completion`, from its offset mapping.
 
     The first is the token holding the completion's first character (one that also holds prompt characters counts:
     it is where the completion begins); for an empty completion, one past the last token (none). The step ends are
-    `steps.step_token_ends`', the tokens the PRM reads.
+    `steps.step_token_ends`', the tokens the PRM reads (steps split at `separator`, the problem set's).
 
     >>> completion_tokens([(0, 3), (3, 8), (8, 9), (9, 13)], "Q: ", "1+1=2\\nA: 2")
     (1, [2, 3])
     """
-    ends = step_token_ends(offsets, completion, start=len(prompt))
+    ends = step_token_ends(offsets, completion, start=len(prompt), separator=separator)
     first = char_to_token_ends(offsets, [len(prompt)])[0] if completion else len(offsets)
     return first, ends
 
@@ -195,6 +196,7 @@ class ImplicitPrmScorer:
         self.model, self.reference = model.eval(), reference.eval()
         self.tokenizer, self.batch_size, self.beta, self.aggregation = tokenizer, batch_size, beta, aggregation
         self.online_lr, self._optimizer = online_lr, None  # `update` (PRIME's online update) where set
+        self.separator = trained_separator(model)  # the steps it was trained on (the reward-model phase records them)
 
     def update(self, prompts: Sequence[str], completions: Sequence[str], outcomes: Sequence[float]) -> float | None:
         """PRIME's online update: one AdamW step (`online_lr`) of `implicit_loss` on these samples and their
@@ -235,7 +237,7 @@ class ImplicitPrmScorer:
             rewards = self.beta * (sequence_logprobs(self.model, ids, mask)
                                    - sequence_logprobs(self.reference, ids, mask)).cpu()  # (b, T)
             for r, (p, c) in enumerate(zip(ps, cs)):
-                first, ends = completion_tokens(enc["offset_mapping"][r].tolist(), p, c)
+                first, ends = completion_tokens(enc["offset_mapping"][r].tolist(), p, c, self.separator)
                 out.append(torch.sigmoid(torch.tensor(step_values(rewards[r], first, ends))).tolist())
         for i, scores in enumerate(out):
             _refuse_nonfinite("implicit PRM", scores, [completions[i]] * len(scores), sample=i)

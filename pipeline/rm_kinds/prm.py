@@ -12,19 +12,25 @@ from pipeline.reward_model import accuracy, auc, mean, step_label_pairs
 from pipeline.rm_kinds import PrmLayout, RewardModelKind, layout_of
 from pipeline.rm_kinds.heads import StepReader
 from pipeline.scorers import PrmScorer, aggregate
-from pipeline.steps import step_char_ends
+from pipeline.steps import STEP_SEPARATOR, step_char_ends
 
 
-def prm_examples(rows: list[dict], tokenizer, target: str, reader: StepReader | None = None) -> list[dict]:
+def prm_examples(rows: list[dict], tokenizer, target: str, reader: StepReader | None = None,
+                 separator: str | None = None) -> list[dict]:
     """Token ids of the text the PRM reads (`prompt + completion`, with a tag after each step in a tag layout) with
-    a label at each step's read token and -100 elsewhere. `reader`: the layout; None, the value head."""
+    a label at each step's read token and -100 elsewhere. `reader`: the layout; None, the value head.
+
+    `separator`: the problem set's step separator; by default each row's `step_separator` (the reward-model
+    phase puts the run's there, `reward_model.with_separator`), else a line.
+    """
     key = "he_labels" if target == "hard" else "se_labels"
     reader = reader or StepReader(PrmLayout())
     out = []
     for r in rows:
-        if not step_char_ends(r["completion"]):
+        sep = separator or r.get("step_separator") or STEP_SEPARATOR
+        if not step_char_ends(r["completion"], sep):
             continue  # a blank completion has no step to label
-        text, reads = reader.place(r["prompt"], r["completion"])
+        text, reads = reader.place(r["prompt"], r["completion"], sep)
         enc = tokenizer(text, return_offsets_mapping=True)
         # The tokens PrmScorer reads in GRPO and evaluation (the same reader, the same text).
         idx = reader.tokens(enc["offset_mapping"], enc["input_ids"], reads)
