@@ -58,8 +58,9 @@ def merge_equivalent(
     Joining a class needs the same verdict too: an equivalence that is not transitive (math-verify's numeric
     tolerance) could otherwise put a right and a wrong answer in one class.
 
+    >>> from fractions import Fraction
     >>> merge_equivalent(["1/2", "0.5", None, "2", "0.50"], [True, True, False, False, True],
-    ...                  lambda a, b: float(eval(a)) == float(eval(b)))
+    ...                  lambda a, b: Fraction(a) == Fraction(b))
     ['1/2', '1/2', None, '2', '1/2']
     """
     firsts: list[tuple[str, bool]] = []
