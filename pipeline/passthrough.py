@@ -38,11 +38,18 @@ def sft_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
 
 
 # Trainers that resume inside a phase (GRPO, the RMs: `pipeline.resume`) save a checkpoint every SAVE_STEPS
-# optimizer steps into their scratch folder, only the newest kept. 25: under 5% of a quickstart GRPO phase's time
-# (bench/policy_phase.py --checkpoint-cost); a stop saves one at the next step anyway. Each is overridable
-# (`grpo.save_steps`, `reward_model.train_args.save_steps`; `save_strategy: "no"` turns them off).
+# optimizer steps into their scratch folder, only the newest kept. 25: no measurable cost on a quickstart GRPO
+# phase (bench/policy_phase.py --checkpoint-cost: 0.96); a stop saves one at the next step anyway. Each is
+# overridable (`grpo.save_steps`, `reward_model.train_args.save_steps`; `save_strategy: "no"` turns them off).
 SAVE_STEPS = 25
 RESUMABLE = {"save_strategy": "steps", "save_steps": SAVE_STEPS, "save_total_limit": 1}
+
+
+def rm_resumable(train_args: dict[str, Any]) -> dict[str, Any]:
+    """The RMs' checkpoints: once an epoch, or every `save_steps` where `reward_model.train_args` gives it. An RM's
+    steps are short: every 25 of them cost the quickstart's RM phase 8% of its time, once an epoch nothing
+    measurable (`igrpo train-rm` timed with and without, docs/benchmarks.md)."""
+    return {**RESUMABLE, "save_strategy": "steps" if "save_steps" in train_args else "epoch"}
 
 
 def memory_defaults(cfg: PipelineConfig) -> dict[str, Any]:
@@ -90,7 +97,8 @@ def rm_training_config(cfg: PipelineConfig, output_dir: str):
     rm = cfg.reward_model
     config_class = _rm_class(cfg)
     extra = {"max_length": None} if config_class is not _training_arguments() else {}
-    return config_class(output_dir=output_dir, **{"report_to": "none", **RESUMABLE, **extra, **device_defaults(),
+    return config_class(output_dir=output_dir, **{"report_to": "none", **rm_resumable(rm.train_args), **extra,
+                                                  **device_defaults(),
                                                   **checkpointing_defaults(config_class, rm.train_args), **rm.train_args})
 
 

@@ -26,7 +26,7 @@ from transformers import Trainer, TrainingArguments
 from models import load_reward_model, reward_model_from_policy, save_model
 from models.factories import apply_lora, reward_model_layout
 from pipeline.config import PipelineConfig, RewardModelConfig
-from pipeline.passthrough import RESUMABLE, checkpointing_defaults, device_defaults
+from pipeline.passthrough import checkpointing_defaults, device_defaults, rm_resumable
 from pipeline.problems import step_separator
 from pipeline.replay import ReplayBuffer
 from pipeline.resume import fingerprint, train_resumable
@@ -306,7 +306,7 @@ def train_reward_model(
         lo = rm.lora
         task = prm_head(layout.head).lora_task_type if layout else spec.lora_task_type
         model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, task)
-    defaults = {"report_to": report_to, **RESUMABLE, "seed": cfg.run.seed, "remove_unused_columns": False,
+    defaults = {"report_to": report_to, **rm_resumable(rm.train_args), "seed": cfg.run.seed, "remove_unused_columns": False,
                 "run_name": f"{kind}-training", **device_defaults()}
     scratch = scratch_dir(out_dir)
     if spec.pairwise(cfg.reward_model):
