@@ -461,14 +461,14 @@ def main(argv=None) -> int:
     print(f"reference run: {T:.0f}s, {args.rounds} rounds; kill moments uniform over [0, {T:.0f}s], seed {args.seed}")
     if reproducible is not None:
         print(f"control (uninterrupted rerun): {'bit-identical' if reproducible else 'NOT bit-identical'} to the reference")
-    print(f"{'kill':<6}{'moment (s)':>11}  {'phase when killed; work kept for the resume':<34}result")
+    print(f"{'kill':<6}{'moment (s)':>11}  {'phase when killed; work kept for the resume':<56}  result")
     survived = total = 0
     for kid, moment, phase, name in rows:
         lost, notes = verdicts[name]
         result = "survived" if not lost else "lost: " + "; ".join(lost)
         if notes:
             result += "  [note: " + "; ".join(notes) + "]"
-        print(f"{kid:<6}{'-' if moment is None else f'{moment:.1f}':>11}  {phase:<34}{result}")
+        print(f"{kid:<6}{'-' if moment is None else f'{moment:.1f}':>11}  {phase:<56}  {result}")
         if moment is not None:
             total += 1
             survived += not lost
