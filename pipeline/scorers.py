@@ -73,7 +73,23 @@ class OrmScorer:
         return Scores(self(prompts, completions))
 
 
-class PrmScorer:
+class StepScorer:
+    """A scorer of steps (`step_scores`, `aggregation`): a solution's score is its steps' aggregate."""
+
+    aggregation: str
+
+    def __call__(self, prompts, completions, aggregation: str | None = None) -> list[float]:
+        """One score per solution: its step scores aggregated (`aggregation`, else the scorer's own)."""
+        how = aggregation or self.aggregation
+        return [aggregate(s, how) for s in self.step_scores(prompts, completions)]
+
+    def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
+        """The solution scores (the scorer's aggregation) with the step scores they come from, in one pass."""
+        steps = self.step_scores(prompts, completions)
+        return Scores([aggregate(s, self.aggregation) for s in steps], steps)
+
+
+class PrmScorer(StepScorer):
     """Batched no-grad PRM: one forward pass per batch, P(step correct) read at each step end.
 
     Steps follow `pipeline.steps` with the separator the PRM was trained on (`separator`: by default the one
@@ -101,15 +117,6 @@ class PrmScorer:
             _refuse_nonfinite("PRM", scores, [completions[i]] * len(scores), sample=i)
         return out
 
-    def __call__(self, prompts, completions, aggregation: str | None = None) -> list[float]:
-        """One score per solution: its step scores aggregated (`aggregation`, else the scorer's own)."""
-        how = aggregation or self.aggregation
-        return [aggregate(s, how) for s in self.step_scores(prompts, completions)]
-
-    def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
-        """The solution scores (the scorer's aggregation) with the step scores they come from, in one pass."""
-        steps = self.step_scores(prompts, completions)
-        return Scores([aggregate(s, self.aggregation) for s in steps], steps)
 
 
 class GoldStepScorer:

@@ -124,3 +124,17 @@ class ProblemSetKind:
     build: Callable[[ProblemSetConfig, int], ProblemSet]
     description: str
     problem_set: type[ProblemSet]
+
+
+def check_source(section: str, train_path: str | None, test_path: str | None, hub_name: str | None) -> None:
+    """A problem set read from local train/test files or from the hub: both files or neither, and one source.
+
+    >>> check_source("gsm8k", "train.jsonl", None, "openai/gsm8k")
+    Traceback (most recent call last):
+    ValueError: gsm8k.train_path and gsm8k.test_path go together (local files, read instead of gsm8k.hub_name)
+    """
+    if bool(train_path) != bool(test_path):  # half a local override would silently read the hub
+        raise ValueError(f"{section}.train_path and {section}.test_path go together (local files, read instead of "
+                         f"{section}.hub_name)")
+    if not hub_name and not train_path:
+        raise ValueError(f"{section} needs {section}.train_path and {section}.test_path, or {section}.hub_name")

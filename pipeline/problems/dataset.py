@@ -34,6 +34,7 @@ from pipeline.problems.base import (
     ProblemSetConfig,
     ProblemSetKind,
     answer_line_value,
+    check_source,
 )
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # `datasets` packaged builders
@@ -265,11 +266,7 @@ class DatasetConfig(ProblemSetConfig):
         return v
 
     def check_selected(self) -> None:
-        if bool(self.train_path) != bool(self.test_path):  # half a local override would silently read the hub
-            raise ValueError("dataset.train_path and dataset.test_path go together (local files, read instead of "
-                             "dataset.hub_name)")
-        if not self.hub_name and not self.train_path:
-            raise ValueError("dataset needs dataset.train_path and dataset.test_path, or dataset.hub_name")
+        check_source("dataset", self.train_path, self.test_path, self.hub_name)
         if (self.prompt_column is None) == (self.messages_column is None):
             raise ValueError("dataset: give one of dataset.prompt_column and dataset.messages_column")
         if self.answer_column is None and self.solution_column is None:

@@ -21,7 +21,14 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.problems.base import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind, answer_line_value
+from pipeline.problems.base import (
+    Problem,
+    ProblemSet,
+    ProblemSetConfig,
+    ProblemSetKind,
+    answer_line_value,
+    check_source,
+)
 
 PROMPT_TEMPLATE = (
     "Solve the problem step by step, one step per line, and end with a line 'Answer: <number>'.\n"
@@ -245,11 +252,7 @@ class GSM8KConfig(ProblemSetConfig):
     num_test: int | None = Field(None, ge=1, description="Use only the first N held-out problems.")
 
     def check_selected(self) -> None:
-        if bool(self.train_path) != bool(self.test_path):  # half a local override would silently read the hub
-            raise ValueError("gsm8k.train_path and gsm8k.test_path go together (local files, read instead of "
-                             "gsm8k.hub_name)")
-        if not self.hub_name and not self.train_path:
-            raise ValueError("gsm8k needs gsm8k.train_path and gsm8k.test_path, or gsm8k.hub_name")
+        check_source("gsm8k", self.train_path, self.test_path, self.hub_name)
 
 
 def _from_config(section: GSM8KConfig, seed: int) -> GSM8K:

@@ -30,7 +30,7 @@ import torch
 
 from pipeline.rm_kinds import RewardModelKind
 from pipeline.rm_kinds.prm import prm_metrics
-from pipeline.scorers import Scores, _refuse_nonfinite, aggregate, trained_separator
+from pipeline.scorers import StepScorer, _refuse_nonfinite, trained_separator
 from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, step_token_ends
 
 # --- the formulas: pure functions of tensors --------------------------------------------------------------
@@ -187,7 +187,7 @@ def recorded(checkpoint: str | Path) -> dict:
     return data
 
 
-class ImplicitPrmScorer:
+class ImplicitPrmScorer(StepScorer):
     """Batched no-grad implicit PRM: the trained model and its reference read `prompt + completion` once each;
     a step's score is sigmoid(V_k) at its end token (module docstring), a solution's the `aggregation` of them."""
 
@@ -242,14 +242,6 @@ class ImplicitPrmScorer:
         for i, scores in enumerate(out):
             _refuse_nonfinite("implicit PRM", scores, [completions[i]] * len(scores), sample=i)
         return out
-
-    def __call__(self, prompts, completions, aggregation: str | None = None) -> list[float]:
-        how = aggregation or self.aggregation
-        return [aggregate(s, how) for s in self.step_scores(prompts, completions)]
-
-    def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
-        steps = self.step_scores(prompts, completions)
-        return Scores([aggregate(s, self.aggregation) for s in steps], steps)
 
 
 def checkpoint_scorer(model, tokenizer, batch_size: int, rm) -> ImplicitPrmScorer:
