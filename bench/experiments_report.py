@@ -30,6 +30,8 @@ from pipeline.rundir import read_json
 SUPERVISION_ARMS = ("prm", "orm", "verifier", "rft")  # section 1
 RM_ARMS = ("prm", "frozen", "noreplay", "exploit")  # section 2
 SHARE = "policy/process_variance_share"
+# bench/credit_study.py's section of results.md lies between these; a rebuild here keeps it (`keep_study`).
+BEGIN, END = "<!-- credit-study: begin -->", "<!-- credit-study: end -->"
 PLACEHOLDER = "**What held / what did not:** _to be written from the numbers above; the script does not judge them._"
 
 
@@ -181,7 +183,7 @@ def report(ex: Experiments, command: str, wall: float | None, log: bool = True) 
     md += per_seed_section(data, list(range(last + 1)))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.md"
-    path.write_text(keep_verdicts("\n".join(md), path))
+    path.write_text(keep_study(keep_verdicts("\n".join(md), path), path))
     if log:
         _log_summary(ex, path, img)
     return path
@@ -469,6 +471,16 @@ def keep_verdicts(text: str, old: Path) -> str:
         if title in kept:
             sections[i] = section.replace(PLACEHOLDER, kept[title])
     return "\n## ".join(sections)
+
+
+def keep_study(text: str, old: Path) -> str:
+    """Put back bench/credit_study.py's section (between its markers) where an earlier report had it: before the
+    first section, the older ones after it as history."""
+    if not old.exists() or BEGIN not in (before := old.read_text()):
+        return text
+    block = BEGIN + before.partition(BEGIN)[2].partition(END)[0] + END
+    head, sep, rest = text.partition("\n## ")
+    return head + "\n" + block + "\n" + sep + rest
 
 
 def _log_summary(ex: Experiments, path: Path, img: Path) -> None:

@@ -332,11 +332,14 @@ def check_step_separator(scorer, problem_set: ProblemSet) -> None:
 
 def policy_metrics(log_history: list[dict]) -> dict[str, float]:
     """Training reward at the start and end of the phase (first and last logged values), and the loss; in
-    hybrid mode the mean share of the advantages' variance the PRM term carried over the phase.
+    hybrid mode the mean share of the advantages' variance the PRM term carried over the phase; in every mode the
+    advantages' per-token mean and its share of their RMS, averaged over the phase.
 
     >>> policy_metrics([{"reward": 0.2, "hybrid/process_variance_share": 0.3, "step": 1},
-    ...                 {"reward": 0.6, "hybrid/process_variance_share": 0.5, "step": 2}])
-    {'policy/reward_start': 0.2, 'policy/reward_end': 0.6, 'policy/steps': 2.0, 'policy/process_variance_share': 0.4}
+    ...                 {"reward": 0.6, "hybrid/process_variance_share": 0.5, "hybrid/advantage_mean": -0.2,
+    ...                  "hybrid/advantage_mean_share": 0.25, "step": 2}])  # doctest: +NORMALIZE_WHITESPACE
+    {'policy/reward_start': 0.2, 'policy/reward_end': 0.6, 'policy/steps': 2.0, 'policy/process_variance_share': 0.4,
+     'policy/advantage_mean': -0.2, 'policy/advantage_mean_share': 0.25}
     """
     logs = [h for h in log_history if "reward" in h]
     if not logs:
@@ -355,4 +358,10 @@ def policy_metrics(log_history: list[dict]) -> dict[str, float]:
               if math.isfinite(h.get("hybrid/process_variance_share", math.nan))]
     if shares:
         out["policy/process_variance_share"] = sum(shares) / len(shares)
+    # The advantages' per-token mean and its share of their RMS (`advantage_stats`), over the phase: how much of
+    # the update pushed every sampled token one way (REFERENCE, "The mean of process advantages").
+    for stat in ("mean", "mean_share"):
+        xs = [v for h in logs for k, v in h.items() if k.endswith(f"/advantage_{stat}") and math.isfinite(v)]
+        if xs:
+            out[f"policy/advantage_{stat}"] = sum(xs) / len(xs)
     return out

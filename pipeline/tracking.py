@@ -54,7 +54,8 @@ def connect(tracking_uri: str | None, experiment: str) -> str:
     _fail_fast(uri)
     try:
         client = MlflowClient()
-        exp = client.get_experiment_by_name(experiment)
+        exp = client.get_experiment_by_name(experiment)  # creates a sqlite store that does not exist yet
+        _write_ahead(uri)
         if exp is None:
             return client.create_experiment(experiment, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
         if not exp.tags.get(EXPERIMENT_KIND_TAG):  # one made before this tag, or by hand: a kind set is kept
@@ -62,6 +63,20 @@ def connect(tracking_uri: str | None, experiment: str) -> str:
         return exp.experiment_id
     except Exception as e:  # any failure here means no tracking: stop before training
         raise TrackingError(f"MLflow tracking URI {uri!r} cannot be used: {e}") from None
+
+
+def _write_ahead(uri: str) -> None:
+    """A sqlite store in WAL mode (kept in the file): in SQLite's default mode a read left open (MLflow's UI or
+    `igrpo compare` reading the store, a cursor a signal's unwinding left alive) blocks every write, which waits
+    MLflow's 20 s busy timeout and fails; in WAL mode readers never block the writer. Other stores: nothing."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    if not uri.startswith("sqlite") or (path := make_url(uri).database) in (None, "", ":memory:"):
+        return
+    with contextlib.closing(sqlite3.connect(path, timeout=20)) as db:
+        db.execute("PRAGMA journal_mode=WAL")
 
 
 def probe(tracking_uri: str | None, experiment: str, must_exist: bool = False) -> str:

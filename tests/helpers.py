@@ -295,7 +295,7 @@ def stop_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = None,
     # failed at connect, before any phase); 120 s as for the session's harness in conftest.py.
     env = child_env(PREFECT_HOME=str(tmp_path / "prefect-sub"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                     PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120", PREFECT_API_URL=prefect_api)
-    log = tmp_path / "stopped-run.log"
+    log = tmp_path / f"stopped-run-{time.monotonic_ns()}.log"  # each stop's whole log kept, for a failure's reading
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", STOPPABLE_RUN, str(path), str(marker),
                                  str(steps) if in_steps else "", *(hold or ())],

@@ -211,3 +211,57 @@ def test_the_prm_study_table_is_built_from_the_kept_study_results_of_every_run(t
                          "| 1 | 192 prompts x 8 | default | 0.739 (0.689) | 0.828 (0.778) | 0.754 (0.704) | 0.774 | 0.739 | 30 |",
                          "| 1 | 384 prompts x 8 | default | 0.882 (0.832) | 0.913 (0.863) | 0.853 (0.803) | 0.883 | 0.853 | 60 |"]
     assert "prm-study" not in runner.Experiments(a).kept() and "verifier-s1" not in runner.Experiments(a).kept()
+
+
+def test_every_arm_of_the_credit_study_is_a_config_the_pipeline_accepts():
+    """bench/credit_study.py's arms (and their centred variants) load on both tasks' configs, and say what they
+    change: a refused combination would otherwise surface hours into the study."""
+    study = load_bench("credit_study")
+    for task, path in study.TASKS.items():
+        for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS if x != "verifier")]:
+            cfg = study.load_config(study.ROOT / path, study.overrides(arm))
+            s = cfg.supervision
+            assert s.mode == ("outcome" if arm == "verifier" else "process" if arm.startswith("oracle-c") or
+                              arm in ("oracle", "oracle-centred") else "hybrid"), (task, arm)
+            assert (s.process_reward == "progress") == ("progress" in arm), (task, arm)
+            assert (s.process_centring == "group") == arm.endswith("-centred"), (task, arm)
+        implicit = study.load_config(study.ROOT / path, study.overrides("implicit"))
+        assert implicit.collect.rollouts_per_step == 0 and implicit.reward_model.kinds == ["implicit"]
+
+
+def _credit_unit(figures: Path, task: str, arm: str, seed: int, maj8: dict[int, float]) -> None:
+    from pipeline.rundir import write_json_atomic
+
+    rounds = {r: {"eval/maj@8": m, "eval/greedy": m, "eval/pass@1": m - 0.1, "policy/advantage_mean_share": 0.5}
+              for r, m in maj8.items()}
+    write_json_atomic(figures / task / f"{arm}-s{seed}.json", {
+        "unit": f"{arm}-s{seed}", "commit": "abc1234", "date": "2026-12-05", "machine": "cpu", "seconds": 60.0,
+        "rounds": rounds})
+
+
+def test_the_credit_study_section_is_rebuilt_from_its_kept_figures_and_survives_the_main_reports_rebuild(tmp_path):
+    """The study's section goes before the older sections of results.md, names each arm's per-seed gap to the
+    verifier of the same seed (mean ± std, and in how many seeds it is at or above), and a rebuild of the main
+    report by bench/experiments_report.py keeps it as written."""
+    import argparse
+
+    study, (runner, ex) = load_bench("credit_study"), load_experiments()
+    figures = tmp_path / "docs" / "experiments" / "credit"
+    for seed, (v, o) in enumerate([(0.80, 0.84), (0.90, 0.88), (0.70, 0.75)]):
+        _credit_unit(figures, "quickstart", "verifier", seed, {0: 0.6, 1: 0.7, 2: v})
+        _credit_unit(figures, "quickstart", "oracle-progress", seed, {0: 0.6, 1: 0.7, 2: o})
+    out = tmp_path / "docs" / "results.md"
+    out.write_text("# Results\n\nheader\n\n## 1. Old\n\nold table\n")
+    a = argparse.Namespace(runs_dir=str(tmp_path / "runs"), figures=str(figures), rounds=2, smoke=False,
+                           experiment="x", tracking_uri=None, mc_prompts=0)
+    text = study.report(a, out).read_text()
+    assert text.index("## Process rewards that pay") < text.index("## 1. Old") and "old table" in text
+    row = [line for line in text.splitlines() if line.startswith("| `oracle-progress` |")][-1]  # the overrides' first
+    assert "| 0.840 / 0.880 / 0.750 |" in row and "| +0.023 ± 0.038 | 2 of 3 |" in row
+    assert "### long-chains\n\nNot measured yet." in text
+    assert study.report(a, out).read_text() == text  # rebuilt in place, not added again
+
+    runs = runner.Experiments(_prm_runs(tmp_path))  # the main report, rebuilt into the same file
+    rebuilt = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
+    assert text.partition(study.BEGIN)[2].partition(study.END)[0] in rebuilt
+    assert rebuilt.index(study.BEGIN) < rebuilt.index("## 1. ")

@@ -11,6 +11,7 @@ phase of round 1, each resume stopped one phase further.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -337,3 +338,23 @@ def test_a_signal_whose_exception_is_swallowed_stops_the_run_at_the_phase_end(tm
     assert phase_key(0, "reward_model") not in m["mlflow"]  # no phase started after it
     statuses = {key: MlflowClient().get_run(run_id).info.status for key, run_id in m["mlflow"].items()}
     assert statuses[phase_key(0, "collect")] == "KILLED" and "RUNNING" not in statuses.values(), statuses
+
+
+def test_a_run_writes_its_store_while_another_connection_reads_it(mlflow_tmp):
+    """A read left open on a sqlite store (MLflow's UI or `igrpo compare` reading it, a cursor an interrupted read
+    left alive in a thread or frame) held SQLite's shared lock, and every write of the run waited MLflow's 20 s busy
+    timeout and failed: seen in CI, a SIGTERM's cleanup ending the phase's runs KILLED ran out its grace and the run's
+    last words were SQLAlchemy's "database is locked". `connect` puts a sqlite store in WAL mode, where readers do
+    not block the writer."""
+    import sqlite3
+
+    from pipeline import tracking
+
+    run_id = tracking.create_run(tracking.connect(mlflow_tmp, "readers"), "run")
+    with contextlib.closing(sqlite3.connect(mlflow_tmp.removeprefix("sqlite:///"))) as reader:
+        rows = reader.execute("SELECT run_uuid FROM runs UNION ALL SELECT run_uuid FROM runs")
+        rows.fetchone()  # mid-read: the statement, and its lock, stay open
+        tracking.log_metrics(run_id, {"x": 1.0})
+        tracking.finish(run_id, "KILLED")
+    run = MlflowClient().get_run(run_id)
+    assert (run.info.status, run.data.metrics) == ("KILLED", {"x": 1.0})

@@ -203,3 +203,7 @@ def test_every_mode_logs_the_mean_of_its_advantages_and_its_share_of_their_rms(t
     share = logged[f"{mode}/advantage_mean_share"]
     # rft's advantages are 1s and 0s (mean > 0: share above 0); outcome's are centred per group.
     assert (share > 0.3) if mode == "rft" else (share < 0.3)
+    # The phase's figures (the manifest's, bench/credit_study.py's table) carry it too, averaged over the steps.
+    from pipeline.policy import policy_metrics
+
+    assert policy_metrics(trainer.state.log_history)["policy/advantage_mean_share"] == pytest.approx(share)

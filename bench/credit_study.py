@@ -1,0 +1,206 @@
+"""Do process rewards pay? The arms of issue 39 on the tiny model's two tasks, seeds apart, and their report.
+
+Tasks: `quickstart` (configs/quickstart.yaml: 2-3-operation chains, slips on the Answer line) and `long-chains`
+(configs/long-chains.yaml: 5-6 operations, half the SFT slips at the middle step). Each arm is a pipeline run on the
+task's config plus its overrides (`ARMS`), in `<runs-dir>/<task>/<arm>-s<seed>`, from the seed's SFT policy,
+trained once (`sft-s<seed>`) as bench/experiments.py does; each finished unit's figures are kept in
+`docs/experiments/credit/<task>/<unit>.json`, and the report, the section "Process rewards that pay" of
+docs/results.md, is rebuilt from them after every unit (the rest of that file is bench/experiments.py's).
+
+  verifier             GRPO, outcome supervision by the verifier (the baseline every gap is taken against)
+  oracle               process supervision, the gold step labels as the step values (DeepSeekMath's sum credit)
+  oracle-progress      hybrid: the verifier's outcome advantage + each token's own step's progress (PAV), gold values
+  prm-progress         as oracle-progress, the learned PRM's values (the task's PRM: a value head)
+  implicit             hybrid (sum credit), the implicit PRM's step values; no Monte-Carlo rollouts at all
+  labeltoken-progress  as prm-progress, the PRM reading P('+') from the LM head at a step tag
+  <arm>-centred        the arm with supervision.process_centring=group (`--centred ARM`)
+
+Run from the repository root, pinned to the AVX2 kernels at 2 threads (as bench/experiments.py):
+
+  python bench/credit_study.py --tasks quickstart --seeds 0            # one seed's six arms
+  python bench/credit_study.py --tasks long-chains --seeds 0 --only verifier --only oracle-progress
+  python bench/credit_study.py --report-only
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from experiments import PINNED, Experiments, pinned, rounds_of
+from experiments_report import BEGIN, END
+
+if __name__ == "__main__" and "--native" not in sys.argv and not pinned():
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED})
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+from _common import ROOT, table  # noqa: E402
+
+from pipeline.loading import load_config  # noqa: E402
+
+TASKS = {"quickstart": "configs/quickstart.yaml", "long-chains": "configs/long-chains.yaml"}
+# PAV's form: the outcome advantage plus the progress of the token's own step, unnormalised (REFERENCE.md).
+PROGRESS = ["supervision.mode=hybrid", "supervision.process_reward=progress", "supervision.process_credit=step"]
+ARMS = {
+    "verifier": ["supervision.mode=outcome"],
+    "oracle": ["reward_model.oracle=gold"],
+    "oracle-progress": ["reward_model.oracle=gold", *PROGRESS],
+    "prm-progress": PROGRESS,
+    "implicit": ["supervision.mode=hybrid", "reward_model.kinds=[implicit]", "supervision.process_reward_model=implicit",
+                 "collect.rollouts_per_step=0"],
+    "labeltoken-progress": ["reward_model.head=label_tokens", *PROGRESS],
+}
+CENTRED = "supervision.process_centring=group"
+LEARNED = ("prm-progress", "implicit", "labeltoken-progress")  # the arms whose step values a learned RM gives
+KEYS = ("eval/maj@8", "eval/greedy", "eval/pass@1")
+
+
+def overrides(arm: str) -> list[str]:
+    base = arm.removesuffix("-centred")
+    return ARMS[base] + ([CENTRED] if arm != base else [])
+
+
+class Study(Experiments):
+    """bench/experiments.py's units on a task's config, with this study's arms."""
+
+    def __init__(self, a: argparse.Namespace, task: str):
+        self.task = task
+        super().__init__(argparse.Namespace(**{**vars(a), "runs_dir": str(Path(a.runs_dir) / task),
+                                               "figures": str(Path(a.figures) / task)}))
+
+    def config(self, seed: int, extra: list[str]):
+        return load_config(ROOT / TASKS[self.task], self.base(seed) + extra)
+
+    def arm_config(self, arm: str, seed: int):
+        return self.config(seed, [
+            f"run.name={self.task}-{arm}-s{seed}", f"run.rounds={self.a.rounds}", f"policy.model={self.sft_path(seed)}",
+            "bootstrap.sft=false", "tracking.register_models=false", "tracking.register_policy=false",
+            *overrides(arm)])
+
+    def arm(self, arm: str, seed: int) -> dict:
+        from flows.iterative import iterative_rl
+
+        iterative_rl(self.arm_config(arm, seed).model_dump(mode="json"))
+        return {"rounds": rounds_of(self.runs_dir / f"{self.task}-{arm}-s{seed}"), "overrides": overrides(arm)}
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+def figures(study: Study) -> dict:
+    """arm -> seed -> round -> metric, from the kept units."""
+    data: dict = {}
+    for name, kept in study.kept().items():
+        if "rounds" in kept:
+            arm, seed = name.rsplit("-s", 1)
+            data.setdefault(arm, {})[int(seed)] = {int(r): m for r, m in kept["rounds"].items()}
+    return data
+
+
+def mean_std(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{statistics.mean(xs):+.3f}" + (f" ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else "")
+
+
+def task_section(study: Study, last: int) -> tuple[list[str], dict]:
+    """The task's table: each arm's round-`last` figures and its per-seed gap to the verifier's."""
+    data, rows, gaps = figures(study), [], {}
+    base = data.get("verifier", {})
+    for arm in sorted(data, key=lambda a: (a.removesuffix("-centred") not in ARMS, list(ARMS).index(
+            a.removesuffix("-centred")) if a.removesuffix("-centred") in ARMS else 0, a)):
+        seeds = sorted(s for s, m in data[arm].items() if last in m)
+        diffs = [data[arm][s][last]["eval/maj@8"] - base[s][last]["eval/maj@8"]
+                 for s in seeds if last in base.get(s, {})]
+        gaps[arm] = diffs
+        cell = lambda key: " / ".join(f"{data[arm][s][last][key]:.3f}" for s in seeds)  # noqa: E731
+        share = [data[arm][s][r].get("policy/advantage_mean_share") for s in seeds for r in range(1, last + 1)]
+        share = [x for x in share if x is not None]
+        rows.append([f"`{arm}`", ", ".join(map(str, seeds)), f"{data[arm][seeds[0]][0]['eval/maj@8']:.3f}"
+                     if seeds else "-", cell("eval/maj@8"), cell("eval/greedy"), cell("eval/pass@1"),
+                     "-" if arm == "verifier" else mean_std(diffs),
+                     "-" if arm == "verifier" else f"{sum(d >= 0 for d in diffs)} of {len(diffs)}",
+                     f"{statistics.mean(share):.2f}" if share else "-"])
+    md = [table(["arm", "seeds", "Maj@8 round 0 (seed " + (str(min(base)) if base else "-") + ")",
+                 f"Maj@8 round {last} (per seed)", f"greedy round {last}", f"Pass@1 round {last}",
+                 f"Δ Maj@8 vs verifier, round {last}", "seeds at or above the verifier",
+                 "advantage mean / RMS (RL rounds)"], rows)]
+    return md, gaps
+
+
+def report(a: argparse.Namespace, out: Path) -> Path:
+    """Rewrite the study's section of `out` (docs/results.md), between its markers, from the kept figures."""
+    md = ["## Process rewards that pay (issue 39)", "",
+          f"Command: `python bench/credit_study.py` (the tasks and seeds of each unit below); {time.strftime('%Y-%m-%d')}."
+          " Each arm starts from its seed's SFT policy and runs round 0 and "
+          f"{a.rounds} RL rounds on the task's config (its budgets, `configs/<task>.yaml`) plus the arm's overrides:",
+          "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
+                     + [["`<arm>-centred`", f"`{CENTRED}`"]]), ""]
+    verdicts = {}
+    for task in TASKS:
+        study = Study(a, task)
+        if not study.kept():
+            md += [f"### {task}", "", "Not measured yet.", ""]
+            continue
+        units = study.kept().values()
+        commits = sorted({u["commit"] for u in units})
+        machines = sorted({u["machine"] for u in units})
+        rows, gaps = task_section(study, a.rounds)
+        verdicts[task] = gaps
+        md += [f"### {task}", "", f"Units from {', '.join(f'`{c}`' for c in commits)} on {'; '.join(machines)}; "
+               f"sum of their wall times {sum(u['seconds'] for u in units) / 60:.0f} min. Δ: per-seed differences "
+               "to the verifier arm of the same seed, mean ± sample std.", "", *rows, ""]
+    out_text = out.read_text() if out.exists() else ""
+    block = "\n".join([BEGIN, *md, END])
+    if BEGIN in out_text:
+        head, _, rest = out_text.partition(BEGIN)
+        out_text = head + block + rest.partition(END)[2]
+    else:  # first: after the title block, before the older sections (history)
+        head, sep, rest = out_text.partition("\n## ")
+        out_text = head + "\n" + block + "\n" + sep + rest if sep else out_text + "\n" + block + "\n"
+    out.write_text(out_text)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--only", action="append", help="run only these arms (repeatable; ARM-centred too)")
+    ap.add_argument("--centred", action="append", default=[], help="also run ARM's centred variant (repeatable)")
+    ap.add_argument("--rounds", type=int, default=2, help="RL rounds after round 0")
+    ap.add_argument("--runs-dir", default="runs/credit")
+    ap.add_argument("--figures", default="docs/experiments/credit")
+    ap.add_argument("--out", default="docs/results.md")
+    ap.add_argument("--experiment", default="iterative-grpo-credit")
+    ap.add_argument("--tracking-uri")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--native", action="store_true", help="the CPU's own kernels and threads, not pinned AVX2 x 2")
+    a = ap.parse_args(argv)
+    a.smoke, a.mc_prompts = False, 0
+    for arm in [*(a.only or []), *a.centred]:
+        if arm.removesuffix("-centred") not in ARMS:
+            ap.error(f"unknown arm {arm!r}: {', '.join(ARMS)} (or ARM-centred)")
+    from flows.console import prefect_defaults
+
+    prefect_defaults()
+    if not a.report_only:
+        arms = a.only or [*ARMS, *(f"{x}-centred" for x in a.centred)]
+        for task in a.tasks:
+            study = Study(a, task)
+            Path(study.runs_dir).mkdir(parents=True, exist_ok=True)
+            for seed in a.seeds:
+                todo = [x for x in arms if study.pending(f"{x}-s{seed}")]
+                if todo and not study.sft_path(seed).exists():
+                    study.unit(f"sft-s{seed}", lambda s=seed: study.sft(s), again=True)
+                for x in todo:
+                    study.unit(f"{x}-s{seed}", lambda x=x, s=seed: study.arm(x, s))
+                    report(a, Path(a.out))
+    print(f"report: {report(a, Path(a.out))}")
+
+
+if __name__ == "__main__":
+    main()
