@@ -65,18 +65,38 @@ def connect(tracking_uri: str | None, experiment: str) -> str:
         raise TrackingError(f"MLflow tracking URI {uri!r} cannot be used: {e}") from None
 
 
+# Filesystems whose files other hosts may open too: SQLite's WAL mode needs every process on one host.
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "glusterfs", "beegfs", "9p",
+              "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs")
+
+
 def _write_ahead(uri: str) -> None:
-    """A sqlite store in WAL mode (kept in the file): in SQLite's default mode a read left open (MLflow's UI or
-    `igrpo compare` reading the store, a cursor a signal's unwinding left alive) blocks every write, which waits
-    MLflow's 20 s busy timeout and fails; in WAL mode readers never block the writer. Other stores: nothing."""
+    """A sqlite store on a local disk in WAL mode (kept in the file): in SQLite's default mode a read left open
+    (MLflow's UI or `igrpo compare` reading the store, a cursor a signal's unwinding left alive) blocks every
+    write, which waits MLflow's 20 s busy timeout and fails; in WAL mode readers never block the writer. A file
+    on a network filesystem keeps the default mode (WAL does not work across hosts); other stores: nothing."""
     import sqlite3
 
     from sqlalchemy.engine import make_url
 
     if not uri.startswith("sqlite") or (path := make_url(uri).database) in (None, "", ":memory:"):
         return
+    if filesystem_type(Path(path)) in NETWORK_FS:
+        return
     with contextlib.closing(sqlite3.connect(path, timeout=20)) as db:
         db.execute("PRAGMA journal_mode=WAL")
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem `path` is on (Linux's /proc/self/mounts: its longest mount point above the
+    path); None where that cannot be read."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    path = path.resolve()
+    above = [(point, kind) for point, kind in mounts if path.is_relative_to(point.replace("\\040", " "))]
+    return max(above, key=lambda m: len(m[0]))[1] if above else None
 
 
 def probe(tracking_uri: str | None, experiment: str, must_exist: bool = False) -> str:

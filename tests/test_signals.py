@@ -358,3 +358,23 @@ def test_a_run_writes_its_store_while_another_connection_reads_it(mlflow_tmp):
         tracking.finish(run_id, "KILLED")
     run = MlflowClient().get_run(run_id)
     assert (run.info.status, run.data.metrics) == ("KILLED", {"x": 1.0})
+
+
+def test_a_store_on_a_network_filesystem_keeps_sqlites_default_mode(mlflow_tmp, monkeypatch):
+    """WAL mode needs every process on one host (its index is shared memory): a store on NFS, which processes on
+    other hosts may open, stays in the default rollback mode; on a local disk it is WAL."""
+    import sqlite3
+
+    from pipeline import tracking
+
+    def journal_mode(path: str) -> str:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            return db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    local = mlflow_tmp.removeprefix("sqlite:///")
+    tracking.connect(mlflow_tmp, "local")
+    assert journal_mode(local) == "wal"
+    monkeypatch.setattr(tracking, "filesystem_type", lambda path: "nfs4")
+    shared = str(Path(local).with_name("shared.db"))
+    tracking.connect(f"sqlite:///{shared}", "shared")
+    assert journal_mode(shared) == "delete"
