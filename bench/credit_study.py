@@ -5,7 +5,8 @@ Tasks: `quickstart` (configs/quickstart.yaml: 2-3-operation chains, slips on the
 task's config plus its overrides (`ARMS`), in `<runs-dir>/<task>/<arm>-s<seed>`, from the seed's SFT policy,
 trained once (`sft-s<seed>`) as bench/experiments.py does; each finished unit's figures are kept in
 `docs/experiments/credit/<task>/<unit>.json`, and the report, the section "Process rewards that pay" of
-docs/results.md, is rebuilt from them after every unit (the rest of that file is bench/experiments.py's).
+docs/results.md, is rebuilt from them after every unit (the rest of that file is bench/experiments.py's); the
+verdicts written by hand under its tables (paragraphs opening "**What held") are kept.
 
   verifier             GRPO, outcome supervision by the verifier (the baseline every gap is taken against)
   oracle               process supervision, the gold step labels as the step values (DeepSeekMath's sum credit)
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import time
@@ -154,6 +156,9 @@ def report(a: argparse.Namespace, out: Path) -> Path:
                f"sum of their wall times {sum(u['seconds'] for u in units) / 60:.0f} min. Δ: per-seed differences "
                "to the verifier arm of the same seed, mean ± sample std.", "", *rows, ""]
     out_text = out.read_text() if out.exists() else ""
+    # The verdicts written by hand under the tables (paragraphs opening "**What held") are kept as written.
+    old = out_text.partition(BEGIN)[2].partition(END)[0]
+    md += [p.strip() + "\n" for p in old.split("\n\n") if p.strip().startswith("**What held")]
     block = "\n".join([BEGIN, *md, END])
     if BEGIN in out_text:
         head, _, rest = out_text.partition(BEGIN)
@@ -185,8 +190,25 @@ def main(argv: list[str] | None = None) -> None:
         if arm.removesuffix("-centred") not in ARMS:
             ap.error(f"unknown arm {arm!r}: {', '.join(ARMS)} (or ARM-centred)")
     from flows.console import prefect_defaults
+    from flows.signals import stop_on_signals
 
     prefect_defaults()
+    # As bench/experiments.py: a SIGTERM or Ctrl-C ends the arm as `igrpo run` would (resumable), and the exit
+    # unwinds, so Prefect's ephemeral server stops with us (seen: one outlived a SIGTERMed study by an hour).
+    with stop_on_signals() as stopper:
+        try:
+            run(a)
+        except BaseException as e:
+            if (code := stopper.exit_code(e) if stopper else None) is None:
+                raise
+            print(f"credit_study: stopped by {signal.Signals(code - 128).name}; the same command resumes",
+                  file=sys.stderr)
+            sys.exit(code)
+    print(f"report: {report(a, Path(a.out))}")
+
+
+def run(a: argparse.Namespace) -> None:
+    """Every pending unit of the asked tasks, seeds and arms; the report rebuilt after each."""
     if not a.report_only:
         arms = a.only or [*ARMS, *(f"{x}-centred" for x in a.centred)]
         for task in a.tasks:
@@ -199,7 +221,6 @@ def main(argv: list[str] | None = None) -> None:
                 for x in todo:
                     study.unit(f"{x}-s{seed}", lambda x=x, s=seed: study.arm(x, s))
                     report(a, Path(a.out))
-    print(f"report: {report(a, Path(a.out))}")
 
 
 if __name__ == "__main__":

@@ -260,6 +260,10 @@ def test_the_credit_study_section_is_rebuilt_from_its_kept_figures_and_survives_
     assert "| 0.840 / 0.880 / 0.750 |" in row and "| +0.023 ± 0.038 | 2 of 3 |" in row
     assert "### long-chains\n\nNot measured yet." in text
     assert study.report(a, out).read_text() == text  # rebuilt in place, not added again
+    verdict = "**What held / what did not:** progress\ncredit held, on one seed."
+    out.write_text(text.replace(study.END, verdict + "\n" + study.END))
+    text = study.report(a, out).read_text()
+    assert text.count(verdict) == 1 and text.index(verdict) < text.index(study.END)
 
     runs = runner.Experiments(_prm_runs(tmp_path))  # the main report, rebuilt into the same file
     rebuilt = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
