@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from experiments import PINNED, Experiments, pinned, rounds_of
-from experiments_report import BEGIN, END
+from experiments import PINNED, Experiments, pinned, rounds_of, stoppable
+from experiments_report import BEGIN, END, with_study
 
 if __name__ == "__main__" and "--native" not in sys.argv and not pinned():
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED})
@@ -92,10 +91,10 @@ class Study(Experiments):
 # --- the report ------------------------------------------------------------------------------------
 
 
-def figures(study: Study) -> dict:
-    """arm -> seed -> round -> metric, from the kept units."""
+def figures(kept: dict[str, dict]) -> dict:
+    """arm -> seed -> round -> metric, from the kept units (`Experiments.kept`)."""
     data: dict = {}
-    for name, kept in study.kept().items():
+    for name, kept in kept.items():
         if "rounds" in kept:
             arm, seed = name.rsplit("-s", 1)
             data.setdefault(arm, {})[int(seed)] = {int(r): m for r, m in kept["rounds"].items()}
@@ -108,16 +107,15 @@ def mean_std(xs: list[float]) -> str:
     return f"{statistics.mean(xs):+.3f}" + (f" ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else "")
 
 
-def task_section(study: Study, last: int) -> tuple[list[str], dict]:
+def task_section(kept: dict[str, dict], last: int) -> list[str]:
     """The task's table: each arm's round-`last` figures and its per-seed gap to the verifier's."""
-    data, rows, gaps = figures(study), [], {}
+    data, rows = figures(kept), []
     base = data.get("verifier", {})
-    for arm in sorted(data, key=lambda a: (a.removesuffix("-centred") not in ARMS, list(ARMS).index(
-            a.removesuffix("-centred")) if a.removesuffix("-centred") in ARMS else 0, a)):
+    order = list(ARMS)  # the study's arms in their order, each centred variant after its arm
+    for arm in sorted(data, key=lambda a: (order.index(a.removesuffix("-centred")), a)):
         seeds = sorted(s for s, m in data[arm].items() if last in m)
         diffs = [data[arm][s][last]["eval/maj@8"] - base[s][last]["eval/maj@8"]
                  for s in seeds if last in base.get(s, {})]
-        gaps[arm] = diffs
         cell = lambda key: " / ".join(f"{data[arm][s][last][key]:.3f}" for s in seeds)  # noqa: E731
         share = [data[arm][s][r].get("policy/advantage_mean_share") for s in seeds for r in range(1, last + 1)]
         share = [x for x in share if x is not None]
@@ -130,7 +128,7 @@ def task_section(study: Study, last: int) -> tuple[list[str], dict]:
                  f"Maj@8 round {last} (per seed)", f"greedy round {last}", f"Pass@1 round {last}",
                  f"Δ Maj@8 vs verifier, round {last}", "seeds at or above the verifier",
                  "advantage mean / RMS (RL rounds)"], rows)]
-    return md, gaps
+    return md
 
 
 def report(a: argparse.Namespace, out: Path) -> Path:
@@ -141,17 +139,15 @@ def report(a: argparse.Namespace, out: Path) -> Path:
           f"{a.rounds} RL rounds on the task's config (its budgets, `configs/<task>.yaml`) plus the arm's overrides:",
           "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
                      + [["`<arm>-centred`", f"`{CENTRED}`"]]), ""]
-    verdicts = {}
     for task in TASKS:
         study = Study(a, task)
-        if not study.kept():
+        if not (kept := study.kept()):
             md += [f"### {task}", "", "Not measured yet.", ""]
             continue
-        units = study.kept().values()
+        units = kept.values()
         commits = sorted({u["commit"] for u in units})
         machines = sorted({u["machine"] for u in units})
-        rows, gaps = task_section(study, a.rounds)
-        verdicts[task] = gaps
+        rows = task_section(kept, a.rounds)
         md += [f"### {task}", "", f"Units from {', '.join(f'`{c}`' for c in commits)} on {'; '.join(machines)}; "
                f"sum of their wall times {sum(u['seconds'] for u in units) / 60:.0f} min. Δ: per-seed differences "
                "to the verifier arm of the same seed, mean ± sample std.", "", *rows, ""]
@@ -159,14 +155,7 @@ def report(a: argparse.Namespace, out: Path) -> Path:
     # The verdicts written by hand under the tables (paragraphs opening "**What held") are kept as written.
     old = out_text.partition(BEGIN)[2].partition(END)[0]
     md += [p.strip() + "\n" for p in old.split("\n\n") if p.strip().startswith("**What held")]
-    block = "\n".join([BEGIN, *md, END])
-    if BEGIN in out_text:
-        head, _, rest = out_text.partition(BEGIN)
-        out_text = head + block + rest.partition(END)[2]
-    else:  # first: after the title block, before the older sections (history)
-        head, sep, rest = out_text.partition("\n## ")
-        out_text = head + "\n" + block + "\n" + sep + rest if sep else out_text + "\n" + block + "\n"
-    out.write_text(out_text)
+    out.write_text(with_study(out_text, "\n".join([BEGIN, *md, END])))
     return out
 
 
@@ -190,20 +179,9 @@ def main(argv: list[str] | None = None) -> None:
         if arm.removesuffix("-centred") not in ARMS:
             ap.error(f"unknown arm {arm!r}: {', '.join(ARMS)} (or ARM-centred)")
     from flows.console import prefect_defaults
-    from flows.signals import stop_on_signals
 
     prefect_defaults()
-    # As bench/experiments.py: a SIGTERM or Ctrl-C ends the arm as `igrpo run` would (resumable), and the exit
-    # unwinds, so Prefect's ephemeral server stops with us (seen: one outlived a SIGTERMed study by an hour).
-    with stop_on_signals() as stopper:
-        try:
-            run(a)
-        except BaseException as e:
-            if (code := stopper.exit_code(e) if stopper else None) is None:
-                raise
-            print(f"credit_study: stopped by {signal.Signals(code - 128).name}; the same command resumes",
-                  file=sys.stderr)
-            sys.exit(code)
+    stoppable("credit_study", lambda: run(a))
     print(f"report: {report(a, Path(a.out))}")
 
 

@@ -338,18 +338,22 @@ def main(argv: list[str] | None = None) -> None:
     # The command that made the runs: a rebuilt report names that one, not --report-only.
     command = " ".join(["python bench/experiments.py", *(x for x in argv if x != "--report-only")])
 
+    stoppable("experiments", lambda: run_all(a, command))
+
+
+def stoppable(prog: str, work) -> None:
+    """`work()` with igrpo run's stop handling: a SIGTERM or Ctrl-C ends the arm as `igrpo run` would (resumable),
+    and the exit (128 + the signal) unwinds, so Prefect's ephemeral server stops with us instead of outliving the
+    command (seen: one outlived a SIGTERMed study by nearly an hour)."""
     from flows.signals import stop_on_signals
 
-    # igrpo run's stop handling: a SIGTERM or Ctrl-C ends the arm as `igrpo run` would (resumable), and the exit
-    # unwinds, so Prefect's ephemeral server stops with us instead of outliving the command.
     with stop_on_signals() as stopper:
         try:
-            run_all(a, command)
+            work()
         except BaseException as e:
             if (code := stopper.exit_code(e) if stopper else None) is None:
                 raise
-            print(f"experiments: stopped by {signal.Signals(code - 128).name}; the same command resumes",
-                  file=sys.stderr)
+            print(f"{prog}: stopped by {signal.Signals(code - 128).name}; the same command resumes", file=sys.stderr)
             sys.exit(code)
 
 

@@ -474,13 +474,20 @@ def keep_verdicts(text: str, old: Path) -> str:
 
 
 def keep_study(text: str, old: Path) -> str:
-    """Put back bench/credit_study.py's section (between its markers) where an earlier report had it: before the
-    first section, the older ones after it as history."""
+    """Put back bench/credit_study.py's section (between its markers) that an earlier report had."""
     if not old.exists() or BEGIN not in (before := old.read_text()):
         return text
-    block = BEGIN + before.partition(BEGIN)[2].partition(END)[0] + END
+    return with_study(text, BEGIN + before.partition(BEGIN)[2].partition(END)[0] + END)
+
+
+def with_study(text: str, block: str) -> str:
+    """`text` with the study's `block` in place of its own, or else before the first section (the older ones
+    after it, as history), or at the end of a text with none."""
+    if BEGIN in text:
+        head, _, rest = text.partition(BEGIN)
+        return head + block + rest.partition(END)[2]
     head, sep, rest = text.partition("\n## ")
-    return head + "\n" + block + "\n" + sep + rest
+    return head + "\n" + block + "\n" + sep + rest if sep else text + "\n" + block + "\n"
 
 
 def _log_summary(ex: Experiments, path: Path, img: Path) -> None:

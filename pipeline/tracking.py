@@ -77,14 +77,18 @@ def _write_ahead(uri: str) -> None:
     on a network filesystem keeps the default mode (WAL does not work across hosts); other stores: nothing."""
     import sqlite3
 
-    from sqlalchemy.engine import make_url
-
-    if not uri.startswith("sqlite") or (path := make_url(uri).database) in (None, "", ":memory:"):
-        return
-    if filesystem_type(Path(path)) in NETWORK_FS:
+    if not uri.startswith("sqlite") or (path := _sqlite_file(uri)) is None or filesystem_type(path) in NETWORK_FS:
         return
     with contextlib.closing(sqlite3.connect(path, timeout=20)) as db:
         db.execute("PRAGMA journal_mode=WAL")
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    """The file of a sqlite URI; None for an in-memory store."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(uri).database
+    return Path(database) if database and database != ":memory:" else None
 
 
 def filesystem_type(path: Path) -> str | None:
@@ -126,12 +130,9 @@ def _probe(uri: str, experiment: str, must_exist: bool) -> str:
         exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment)
         return f"{uri} answers; experiment {experiment!r} " + ("exists" if exp else "will be created")
     if scheme.startswith("sqlite"):
-        from sqlalchemy.engine import make_url
-
-        database = make_url(uri).database
-        if not database or database == ":memory:":
+        if (path := _sqlite_file(uri)) is None:
             return f"{uri}: an in-memory store (gone when the run ends)"
-        return _probe_sqlite(uri, Path(database), experiment, must_exist)
+        return _probe_sqlite(uri, path, experiment, must_exist)
     if scheme in ("", "file"):
         path = Path(urlparse(uri).path if scheme else uri)
         if path.exists() and not path.is_dir():
