@@ -5,7 +5,8 @@ inside a flow, Prefect's TerminationSignal (its SIGTERM bridge, which marks the 
 worker cancels it, cancelled). On the way out a phase's atomic writes drop their temp files, its MLflow runs
 end KILLED (`pipeline.tracking.ending`) and the run lock is released, so `igrpo run` again resumes.
 
-A second signal exits at once, and so does a cleanup still going `GRACE_S` after the first one: a terminal's
+A second signal exits at once, and so does a cleanup still going `GRACE_S` after the first one (after the save point
+of the training step in flight, where one is: a real model's step can outlast the grace): a terminal's
 Ctrl-C reaches the whole process group, Prefect's ephemeral server included, and the flow's crash report
 then retries against a dead server for a minute. Exiting then loses nothing a resume would need: outputs
 are whole or absent, and the manifest records a phase only once it is whole.
@@ -25,8 +26,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
-from pipeline.rundir import STOP
+from pipeline.rundir import STEP_CLOCK, STOP
 
 GRACE_S = 20.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -85,9 +87,24 @@ class Stopper:
                 STOP.set()
                 print(f"igrpo: {signal.Signals(stops[0]).name}: stopping (the run resumes where it stopped); "
                       "a second signal exits at once", file=sys.stderr, flush=True)
-                if not self._done.wait(self.grace_s):
-                    hard_exit(stops[0], f"cleanup still running after {self.grace_s:.0f} s", self.tidy)
+                self._wait_for_cleanup(stops[0])
                 return
+
+    def _wait_for_cleanup(self, signum: int) -> None:
+        """Exit at once if the cleanup is still running `grace_s` after the signal, or, where a training is in
+        flight, `grace_s` after the save point its step is expected to reach (`STEP_CLOCK`): that step ends and
+        saves a checkpoint, where an exit at once would lose every step since the last periodic one."""
+        deadline, told = time.monotonic() + self.grace_s, False
+        while not self._done.wait(max(0.0, deadline - time.monotonic())):
+            boundary = STEP_CLOCK.next_boundary()
+            if boundary is None or boundary + self.grace_s <= deadline:
+                hard_exit(signum, f"cleanup still running after {self.grace_s:.0f} s", self.tidy)
+            deadline = boundary + self.grace_s
+            if not told:
+                told = True
+                print(f"igrpo: the training step in flight ends and saves a checkpoint first (about "
+                      f"{max(0.0, boundary - time.monotonic()):.0f} s); a second signal stops it at once",
+                      file=sys.stderr, flush=True)
 
     def exit_code(self, error: BaseException) -> int | None:
         """128 + the signal for a program stopped by one (`error` its KeyboardInterrupt or TerminationSignal)."""

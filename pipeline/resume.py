@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
 
-from pipeline.rundir import STOP, TRAINER_STATE, last_checkpoint, read_json, write_json_atomic
+from pipeline.rundir import STEP_CLOCK, STOP, TRAINER_STATE, last_checkpoint, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -97,10 +97,15 @@ class StopAtStepBoundary(TrainerCallback):
     def __init__(self, cycle: int = 1):
         self.cycle = max(1, cycle)
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        STEP_CLOCK.start()
+
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.cycle:
             control.should_save = False
-        elif STOP.is_set():  # at the last step too: the resume then only saves the model
+            return control
+        STEP_CLOCK.boundary()
+        if STOP.is_set():  # at the last step too: the resume then only saves the model
             control.should_save = control.should_training_stop = True
         elif state.global_step >= state.max_steps:
             control.should_save = False
@@ -175,8 +180,11 @@ def train_resumable(trainer: Trainer, fingerprint_: str) -> None:
         trainer.state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE))
     else:
         trainer.add_callback(StopAtStepBoundary(generation_cycle(trainer.args)))
-        with stop_at_step_boundary():
-            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        try:
+            with stop_at_step_boundary():
+                trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        finally:
+            STEP_CLOCK.stop()
     if STOP.is_set():  # stopped at a step boundary, its checkpoint saved: unwind as the signal's exception would
         raise KeyboardInterrupt("stopped at a step boundary; its checkpoint is kept for the resume")
     trainer.accelerator.wait_for_everyone()

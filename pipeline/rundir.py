@@ -29,6 +29,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +276,41 @@ class Manifest:
 # Set by flows.signals when a stop signal comes. The signal's exception unwinds the run, but library code on the
 # way can swallow it (seen: a SIGTERM in collection, and the run went on to finish): phases check this too.
 STOP = threading.Event()
+
+
+class StepClock:
+    """When the trainer in flight next reaches a step it can stop and save at (`pipeline.resume.StopAtStepBoundary`).
+
+    flows.signals' watchdog lets a stop's cleanup run past its grace until then: a real model's step on a CPU
+    (~20 s for SmolLM2's GRPO) outlasts the grace, and exiting at once lost the phase's steps since its last
+    periodic checkpoint. Times are `time.monotonic()`.
+    """
+
+    def __init__(self):
+        self.began: float | None = None  # when the stretch to the next save point began; None: no trainer running
+        self.longest = 0.0  # the longest such stretch of this training so far
+
+    def start(self) -> None:
+        self.began, self.longest = time.monotonic(), 0.0
+
+    def boundary(self) -> None:
+        """A save point reached: the next stretch begins, unless the trainer stops here."""
+        now = time.monotonic()
+        if self.began is not None:
+            self.longest = max(self.longest, now - self.began)
+        self.began = None if STOP.is_set() else now
+
+    def stop(self) -> None:
+        self.began = None
+
+    def next_boundary(self) -> float | None:
+        """The expected time of the next save point: its stretch's start plus 1.5 times the longest stretch (None:
+        no trainer running, or none of its stretches measured yet)."""
+        began = self.began
+        return began + 1.5 * self.longest if began is not None and self.longest else None
+
+
+STEP_CLOCK = StepClock()
 
 
 def stop_if_told() -> None:

@@ -26,19 +26,21 @@ from tests.helpers import SIZES, child_env, mini_config
 
 # Runs one training (GRPO, or the PRM's) and kills or signals itself as step `at` + 1 begins (`at` steps done).
 KILLED = """
-import json, os, signal, sys
+import json, os, signal, sys, time
 import torch
 torch.set_num_threads(1)
 from transformers import TrainerCallback
 from flows.signals import stop_on_signals
 from pipeline.loading import config_from_dict
 what, config, args, at, signum = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+grace, slow = float(args.get("grace", 20)), float(args.get("step_seconds", 0))  # a step made to take `slow` s
 class Kill(TrainerCallback):
     def on_step_begin(self, a, state, control, **kwargs):
         if state.global_step == at:
             os.kill(os.getpid(), signum)
+        time.sleep(slow)
 cfg = config_from_dict(json.loads(open(config).read()))
-with stop_on_signals() as stopper:
+with stop_on_signals(grace) as stopper:
     try:
         if what == "grpo":
             from pipeline.policy import run_policy_phase
@@ -153,6 +155,29 @@ def test_rm_training_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted
     path = train_reward_model(cfg, "prm", rows, tiny_policy_dir, out, False, round_index=0)
     _assert_same_weights(ref, path)
     assert not scratch_dir(out).exists()
+
+
+
+@pytest.mark.slow
+def test_a_stop_in_a_step_longer_than_the_grace_still_saves_that_steps_checkpoint(tmp_path, tiny_policy_dir,
+                                                                                  one_thread):
+    """A real model's step on a CPU outlasts the stop's grace (SmolLM2's GRPO: ~20 s a step, 20 s of grace): the
+    SIGTERM comes as step 3 begins, each step takes 1.5 s, the grace is 0.5 s. The step still ends and saves its
+    checkpoint, and the process exits on its own, 128 + the signal; it used to exit at once, `grace` after the
+    signal, and the resume started from the periodic checkpoint of step 2, a step lost (every step since the
+    last periodic save, on a real run)."""
+    data = mini_config(tmp_path, policy={"tiny": dict(SIZES["tiny"])}, reward_model={"train_args": {
+        "learning_rate": 1e-3, "num_train_epochs": 1, "per_device_train_batch_size": 4, "save_steps": 2}})
+    rows = _prm_rows(config_from_dict(data))
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    out = tmp_path / "run" / "prm"
+    proc = _killed(tmp_path, "prm", data, {"policy": str(tiny_policy_dir), "out": str(out),
+                                          "rows": str(tmp_path / "rows.json"), "grace": 0.5, "step_seconds": 1.5},
+                   2, signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "stopped at once" not in proc.stderr, proc.stderr[-3000:]
+    assert "the training step in flight ends and saves a checkpoint first" in proc.stderr
+    assert last_checkpoint(scratch_dir(out)).name == "checkpoint-3"
 
 
 # --------------------------------------------------------------------------------------- without training
