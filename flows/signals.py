@@ -91,20 +91,24 @@ class Stopper:
                 return
 
     def _wait_for_cleanup(self, signum: int) -> None:
-        """Exit at once if the cleanup is still running `grace_s` after the signal, or, where a training is in
-        flight, `grace_s` after the save point its step is expected to reach (`STEP_CLOCK`): that step ends and
-        saves a checkpoint, where an exit at once would lose every step since the last periodic one."""
-        deadline, told = time.monotonic() + self.grace_s, False
-        while not self._done.wait(max(0.0, deadline - time.monotonic())):
+        """Exit at once if the cleanup is still running `grace_s` after the signal or, where a training's step was in
+        flight, `grace_s` after that step reached its save point (`STEP_CLOCK`; while it runs, after the time it is
+        expected by): the step ends and saves a checkpoint, where an exit at once would lose every step since the
+        last periodic one."""
+        signalled, told = time.monotonic(), False
+        while True:
             boundary = STEP_CLOCK.next_boundary()
-            if boundary is None or boundary + self.grace_s <= deadline:
-                hard_exit(signum, f"cleanup still running after {self.grace_s:.0f} s", self.tidy)
-            deadline = boundary + self.grace_s
-            if not told:
+            if boundary is not None and not told:
                 told = True
-                print(f"igrpo: the training step in flight ends and saves a checkpoint first (about "
-                      f"{max(0.0, boundary - time.monotonic()):.0f} s); a second signal stops it at once",
-                      file=sys.stderr, flush=True)
+                print(f"igrpo: the training step in flight ends and saves a checkpoint first (within about "
+                      f"{max(0.0, boundary - signalled):.0f} s)", file=sys.stderr, flush=True)
+            deadline = (boundary if boundary is not None else max(signalled, STEP_CLOCK.ended)) + self.grace_s
+            now = time.monotonic()
+            if now >= deadline:
+                hard_exit(signum, f"cleanup still running after {self.grace_s:.0f} s", self.tidy)
+                return
+            if self._done.wait(min(0.5, deadline - now)):
+                return
 
     def exit_code(self, error: BaseException) -> int | None:
         """128 + the signal for a program stopped by one (`error` its KeyboardInterrupt or TerminationSignal)."""

@@ -281,14 +281,15 @@ STOP = threading.Event()
 class StepClock:
     """When the trainer in flight next reaches a step it can stop and save at (`pipeline.resume.StopAtStepBoundary`).
 
-    flows.signals' watchdog lets a stop's cleanup run past its grace until then: a real model's step on a CPU
-    (~20 s for SmolLM2's GRPO) outlasts the grace, and exiting at once lost the phase's steps since its last
-    periodic checkpoint. Times are `time.monotonic()`.
+    flows.signals' watchdog counts a stop's grace from there: a real model's step on a CPU (~20 s for SmolLM2's
+    GRPO) outlasts the grace, and exiting at once lost the phase's steps since its last periodic checkpoint.
+    Times are `time.monotonic()`.
     """
 
     def __init__(self):
         self.began: float | None = None  # when the stretch to the next save point began; None: no trainer running
         self.longest = 0.0  # the longest such stretch of this training so far
+        self.ended = 0.0  # when the last training stopped, or reached the save point it stops at
 
     def start(self) -> None:
         self.began, self.longest = time.monotonic(), 0.0
@@ -298,10 +299,13 @@ class StepClock:
         now = time.monotonic()
         if self.began is not None:
             self.longest = max(self.longest, now - self.began)
-        self.began = None if STOP.is_set() else now
+        if STOP.is_set():
+            self.began, self.ended = None, now
+        else:
+            self.began = now
 
     def stop(self) -> None:
-        self.began = None
+        self.began, self.ended = None, time.monotonic()
 
     def next_boundary(self) -> float | None:
         """The expected time of the next save point: its stretch's start plus 1.5 times the longest stretch (None:

@@ -162,7 +162,7 @@ def test_rm_training_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted
 def test_a_stop_in_a_step_longer_than_the_grace_still_saves_that_steps_checkpoint(tmp_path, tiny_policy_dir,
                                                                                   one_thread):
     """A real model's step on a CPU outlasts the stop's grace (SmolLM2's GRPO: ~20 s a step, 20 s of grace): the
-    SIGTERM comes as step 3 begins, each step takes 1.5 s, the grace is 0.5 s. The step still ends and saves its
+    SIGTERM comes as step 3 begins, each step takes 2.5 s, the grace is 1 s. The step still ends and saves its
     checkpoint, and the process exits on its own, 128 + the signal; it used to exit at once, `grace` after the
     signal, and the resume started from the periodic checkpoint of step 2, a step lost (every step since the
     last periodic save, on a real run)."""
@@ -172,7 +172,7 @@ def test_a_stop_in_a_step_longer_than_the_grace_still_saves_that_steps_checkpoin
     (tmp_path / "rows.json").write_text(json.dumps(rows))
     out = tmp_path / "run" / "prm"
     proc = _killed(tmp_path, "prm", data, {"policy": str(tiny_policy_dir), "out": str(out),
-                                          "rows": str(tmp_path / "rows.json"), "grace": 0.5, "step_seconds": 1.5},
+                                          "rows": str(tmp_path / "rows.json"), "grace": 1.0, "step_seconds": 2.5},
                    2, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     assert "stopped at once" not in proc.stderr, proc.stderr[-3000:]
