@@ -105,8 +105,7 @@ class Stopper:
             deadline = (boundary if boundary is not None else max(signalled, STEP_CLOCK.ended)) + self.grace_s
             now = time.monotonic()
             if now >= deadline:
-                hard_exit(signum, f"cleanup still running after {self.grace_s:.0f} s", self.tidy)
-                return
+                hard_exit(signum, f"cleanup still running after {self.grace_s:.0f} s", self.tidy)  # no return
             if self._done.wait(min(0.5, deadline - now)):
                 return
 

@@ -157,7 +157,6 @@ def test_rm_training_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted
     assert not scratch_dir(out).exists()
 
 
-
 @pytest.mark.slow
 def test_a_stop_in_a_step_longer_than_the_grace_still_saves_that_steps_checkpoint(tmp_path, tiny_policy_dir,
                                                                                   one_thread):
