@@ -11,10 +11,14 @@ A policy spec is one of:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import json
 import logging
 import os
+import shutil
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -197,10 +201,93 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, where: str) -> PreTra
     return tokenizer
 
 
+# --- GGUF files, converted once ------------------------------------------------------------------------------
+# transformers re-reads a GGUF file on every load: for SmolLM2's, ~3 s of metadata for each tokenizer, config and
+# model load and ~11 s of tensors, several times in a run. Its tokenizer and its dequantised model are kept as plain
+# checkpoints in a cache and loaded from there, ~1 s each, with the same weights and tokens.
+
+CACHE_ENV = "IGRPO_CACHE"  # the cache's folder; default $XDG_CACHE_HOME/iterative-grpo, else ~/.cache/iterative-grpo
+_DONE = "igrpo-converted.json"  # written last: a folder without it is a conversion that did not finish
+
+
+def cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "iterative-grpo"
+
+
+def cached_conversion(source: Path, part: str, convert: Callable[[Path], None]) -> Path | None:
+    """The folder where `convert(folder)` wrote `part` of `source` (a file), converting it on the first call.
+
+    The cache key is the file's absolute path, size and modification time and the transformers version, so an
+    edited file or another conversion gets a new folder. A conversion goes to a temporary folder, renamed into place
+    when whole, so a crash or a second process converting at the same time leaves no half folder to load.
+
+    Returns:
+        None where the cache cannot be written (a read-only home): the caller reads `source` itself.
+    """
+    import transformers
+
+    stat = source.stat()
+    key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+                         .encode()).hexdigest()[:16]
+    folder = cache_dir() / "gguf" / f"{source.stem}-{key}" / part
+    if (folder / _DONE).exists():
+        return folder
+    scratch = folder.parent / f".{part}-{uuid.uuid4().hex}"
+    try:
+        scratch.mkdir(parents=True)
+        convert(scratch)
+        (scratch / _DONE).write_text(json.dumps({"source": str(source.resolve()), "size": stat.st_size,
+                                                 "transformers": transformers.__version__}))
+        shutil.rmtree(folder, ignore_errors=True)  # what a crashed conversion left (no marker)
+        os.replace(scratch, folder)
+    except OSError as e:
+        if (folder / _DONE).exists():  # another process converted it first: its copy is as good
+            return folder
+        log.warning("%s: not kept as a plain copy in %s (%s); read from the GGUF file", source, cache_dir(), e)
+        return None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return folder
+
+
+def _converted(path: str, gguf: str | None, part: str) -> tuple[str, str | None]:
+    """`resolve_spec`'s (path, gguf): a GGUF file's plain copy of `part` ('tokenizer' or 'model') instead; else
+    as it is."""
+    if gguf is None:
+        return path, None
+
+    def tokenizer(out: Path) -> None:
+        AutoTokenizer.from_pretrained(path, gguf_file=gguf).save_pretrained(out)
+
+    def model(out: Path) -> None:  # float32: the dequantised values as they are; a load casts to its dtype
+        loaded = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=torch.float32)
+        _dequantized(loaded).save_pretrained(out)
+
+    folder = cached_conversion(Path(path) / gguf, part, tokenizer if part == "tokenizer" else model)
+    return (str(folder), None) if folder else (path, gguf)
+
+
+def _loaded(spec: str, part: str, load: Callable[[str, str | None], object]):
+    """`load(path, gguf)` on the spec's (converted) files; a cached copy that does not load (damaged on disk) is
+    dropped and converted again, once."""
+    path, gguf = resolve_spec(spec)
+    where = _converted(path, gguf, part)
+    try:
+        return load(*where)
+    except Exception:
+        if where == (path, gguf):
+            raise
+        log.warning("%s: the cached plain copy of its %s does not load; converted again", spec, part)
+        shutil.rmtree(where[0], ignore_errors=True)
+        return load(*_converted(path, gguf, part))
+
+
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a policy spec, with a pad token and left padding."""
-    path, gguf = resolve_spec(spec)
-    return _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
+    tokenizer = _loaded(spec, "tokenizer", lambda path, gguf: AutoTokenizer.from_pretrained(path, gguf_file=gguf))
+    return _prepare_tokenizer(tokenizer, spec)
 
 
 def _dequantized(model: PreTrainedModel) -> PreTrainedModel:
@@ -217,9 +304,9 @@ def _dequantized(model: PreTrainedModel) -> PreTrainedModel:
 
 def load_policy(spec: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a spec (see the module docstring)."""
-    path, gguf = resolve_spec(spec)
-    tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
-    model = _dequantized(AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf, dtype=dtype))
+    tokenizer = load_tokenizer(spec)
+    model = _dequantized(_loaded(spec, "model", lambda path, gguf: AutoModelForCausalLM.from_pretrained(
+        path, gguf_file=gguf, dtype=dtype)))
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
@@ -256,11 +343,10 @@ def reward_model_from_policy(spec: str, kind: str, layout=None) -> tuple[PreTrai
     The backbone weights come from the policy; the head is new (round 0 of the loop).
     """
     head = rm_head(kind, layout)
-    path, gguf = resolve_spec(spec)
-    tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path, gguf_file=gguf), spec)
+    tokenizer = load_tokenizer(spec)
     with _no_load_report():  # it reports the new head's weights as missing, which is the point here
-        model, info = head.from_pretrained(path, gguf_file=gguf, dtype=torch.float32, output_loading_info=True,
-                                           **_head_kwargs(layout))
+        model, info = _loaded(spec, "model", lambda path, gguf: head.from_pretrained(
+            path, gguf_file=gguf, dtype=torch.float32, output_loading_info=True, **_head_kwargs(layout)))
     backbone = sorted(k for k in info["missing_keys"] if k.startswith(f"{model.base_model_prefix}."))
     if backbone:  # what the report was for: backbone weights left at their random init
         log.warning("%s from %r: %d backbone weights not in the checkpoint, left random: %s", kind.upper(), spec,

@@ -92,6 +92,21 @@ def launched_steps(mini_models, tmp_path_factory) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def gguf_cache(tmp_path_factory):
+    """The cache of GGUF files' plain copies (models/factories.py), one for the session and nowhere in the user's
+    home: SmolLM2's is converted by the first test that loads it and read by the later ones."""
+    from models.factories import CACHE_ENV
+
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("igrpo-cache"))
+    yield Path(os.environ[CACHE_ENV])
+    if before is None:
+        os.environ.pop(CACHE_ENV)
+    else:
+        os.environ[CACHE_ENV] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
 def mlflow_schema_once(tmp_path_factory):
     """MLflow builds a new sqlite store's schema by running its ~100 migrations, 2-4 s a store on 2 cores, and the
     suite makes a store per test: build it once, and give each new store (in this process) a copy of its tables,

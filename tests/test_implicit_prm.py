@@ -131,6 +131,7 @@ def _logged_losses():
     return Losses()
 
 
+@pytest.mark.slow  # a training
 def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tiny_policy_dir, tmp_path):
     from models import load_reward_model
     from pipeline.reward_model import auc, load_scorer, train_reward_model

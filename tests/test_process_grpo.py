@@ -100,6 +100,7 @@ def reference_outcome(rewards: list[float], scale: str) -> list[float]:
     return out
 
 
+# The tests on `grpo_run` and `hybrid_runs` are marked slow: the fixtures run real GRPO steps (~10 s in all).
 @pytest.fixture(scope="module", params=KINDS)
 def grpo_run(request, tmp_path_factory):
     """One real process-mode GRPO step on the designed completions, per tokenizer: what the loss saw, the logs."""
@@ -121,6 +122,7 @@ def grpo_run(request, tmp_path_factory):
     return {**run, "tok": tok, "rows": rows, "prm": prm, "scale": SCALE[kind], "scored": scored}
 
 
+@pytest.mark.slow
 def test_grpo_prm_scores_the_text_trl_decoded(grpo_run):
     """Point 2: the PRM reads the completion TRL decoded (and the verifier judged), spaces and emoji intact."""
     tok = grpo_run["tok"]
@@ -130,6 +132,7 @@ def test_grpo_prm_scores_the_text_trl_decoded(grpo_run):
     assert sorted(grpo_run["scored"]) == sorted(grpo_run["decoded"][:7])
 
 
+@pytest.mark.slow
 def test_grpo_advantages_equal_the_plain_loop_on_the_policys_tokens(grpo_run):
     """Points 2, 4, 5: step ends on the policy's own tokens, the eos credited, scale_rewards honoured."""
     tok = grpo_run["tok"]
@@ -139,6 +142,7 @@ def test_grpo_advantages_equal_the_plain_loop_on_the_policys_tokens(grpo_run):
     assert adv.tolist() == [pytest.approx(w, abs=1e-5) for w in want]
 
 
+@pytest.mark.slow
 def test_grpo_eos_carries_the_last_steps_reward(grpo_run):
     tok = grpo_run["tok"]
     adv, rows = grpo_run["advantages"], grpo_run["rows"]
@@ -151,6 +155,7 @@ def test_grpo_eos_carries_the_last_steps_reward(grpo_run):
         assert adv[i, last : eos + 1].tolist() == pytest.approx([adv[i, eos].item()] * (eos + 1 - last), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_grpo_masked_truncated_completion_has_no_steps_and_leaves_the_group_alone(grpo_run):
     """Point 3: three identically scored finished completions and one cut, masked one: all advantages 0."""
     assert grpo_run["mask"][7].sum().item() == 0  # TRL masked the cut completion
@@ -159,6 +164,7 @@ def test_grpo_masked_truncated_completion_has_no_steps_and_leaves_the_group_alon
     assert adv.abs().max().item() == 0.0
 
 
+@pytest.mark.slow
 def test_grpo_logs_the_advantages_it_used(grpo_run):
     tok = grpo_run["tok"]
     adv, mask = grpo_run["advantages"], grpo_run["mask"].bool()
@@ -220,6 +226,7 @@ def hybrid_runs(tmp_path_factory):
     return {**runs, "tok": tok, "rows": rows, "prm": prm, "rewards": rewards}
 
 
+@pytest.mark.slow
 def test_hybrid_advantages_are_trls_outcome_plus_weighted_process(hybrid_runs):
     """A = A_outcome + w * A_process, each recomputed by a plain loop: TRL's outcome advantage of the verifier
     (batch scale) on every token, the min-credit process advantage (batch scale, eos credited, the cut
@@ -237,6 +244,7 @@ def test_hybrid_advantages_are_trls_outcome_plus_weighted_process(hybrid_runs):
     assert run["table"] == pytest.approx(adv[:, 0].tolist(), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_process_position_baseline_normalises_each_step_with_the_groups_steps_at_its_index(hybrid_runs):
     """`supervision.process_baseline: position` reaches the trainer: the advantages are the plain loop's with
     each step normalised among the group's steps at the same index, not the pooled DeepSeekMath ones."""
@@ -247,6 +255,7 @@ def test_process_position_baseline_normalises_each_step_with_the_groups_steps_at
     assert max(abs(a - b) for w, p in zip(want, pooled) for a, b in zip(w, p)) > 0.1
 
 
+@pytest.mark.slow
 def test_process_centring_reaches_the_trainer(hybrid_runs):
     """`supervision.process_centring: group`: the plain loop's DeepSeekMath advantages with each group's mean over
     its tokens in the loss removed; the masked completion stays 0, and each group's loss tokens sum to zero."""
@@ -263,6 +272,7 @@ def test_process_centring_reaches_the_trainer(hybrid_runs):
         assert sum(run["advantages"][k, :lengths[k]].sum().item() for k in range(g, g + 4)) == pytest.approx(0, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_progress_credit_reaches_the_trainer(hybrid_runs):
     """`process_reward: progress` with step credit in hybrid mode: TRL's outcome advantage plus, on each token, its
     own step's progress, the PRM's score at the step's end minus the one before it (the group's mean verifier
@@ -285,6 +295,7 @@ def test_progress_credit_reaches_the_trainer(hybrid_runs):
     assert run["advantages"].tolist() == [pytest.approx(w, abs=1e-5) for w in want]
 
 
+@pytest.mark.slow
 def test_hybrid_logs_its_advantages_and_the_prm_share_of_their_variance(hybrid_runs):
     run = hybrid_runs["min"]
     adv, mask = run["advantages"], run["mask"].bool()
@@ -307,6 +318,7 @@ def test_hybrid_logs_its_advantages_and_the_prm_share_of_their_variance(hybrid_r
     assert policy_metrics(run["logs"])["policy/process_variance_share"] == pytest.approx(share.item(), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_hybrid_at_weight_zero_is_outcome_mode(hybrid_runs):
     w0, outcome = hybrid_runs["w0"], hybrid_runs["outcome"]
     assert outcome["advantages"].dim() == 1  # TRL's own, one per completion

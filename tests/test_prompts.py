@@ -197,6 +197,7 @@ def test_chat_grpo_step_conditions_the_policy_and_the_prm_on_the_rendered_text(t
     assert seen_completions and all(isinstance(c, str) for c in seen_completions)  # not TRL's message lists
 
 
+@pytest.mark.slow  # a collection phase
 def test_collected_shard_holds_the_rendered_prompt_and_rollouts_continue_it(tmp_path, monkeypatch):
     """Collection with a chat-template policy: samples and MC rollouts are generated after the rendered text,
     and the shard's `prompt` column (what the RMs train and score on) holds it."""

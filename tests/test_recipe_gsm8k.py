@@ -32,8 +32,9 @@ FIXTURE = ROOT / "tests" / "data" / "gsm8k"
 LORA_RANK = 16  # the recipe's policy.lora.r and reward_model.lora.r (checked below, not assumed)
 
 # Budgets only: 1 RL round of 1 GRPO step (one group of 2), 1 prompt x 2 collected samples with 1 MC rollout
-# per probed prefix, 1 step of 2 rows per RM, 1 eval problem x 2 samples of 16 tokens; 32 new tokens in GRPO
-# and collection (SmolLM2's first line ends after 12-29 tokens here, so most completions have 2 steps or more).
+# per probed prefix, 1 step of 1 row per RM (~2 s of SmolLM2's forward and backward a row), 1 eval problem x 2
+# samples of 16 tokens; 32 new tokens in GRPO and collection (SmolLM2's first line ends after 12-29 tokens here,
+# so most completions have 2 steps or more).
 BUDGETS = [
     "run.rounds=1", "problems.gsm8k.num_test=20",
     "supervision.prompts_per_round=2",
@@ -41,7 +42,7 @@ BUDGETS = [
     "grpo.max_steps=1", "grpo.max_completion_length=32",
     "collect.prompts_per_round=1", "collect.samples_per_prompt=2", "collect.rollouts_per_step=1",
     "collect.max_new_tokens=32",
-    "reward_model.train_args.max_steps=1", "reward_model.train_args.per_device_train_batch_size=2",
+    "reward_model.train_args.max_steps=1", "reward_model.train_args.per_device_train_batch_size=1",
     "eval.num_problems=1", "eval.samples_per_problem=2", "eval.max_new_tokens=16", "eval.best_of_n=[2]",
     "tracking.register_policy=false",  # 2 x 540 MB fewer copies; the policy registry is tested on the mini runs
 ]

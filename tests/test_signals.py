@@ -161,10 +161,10 @@ def test_a_signal_inside_an_mlflow_read_still_ends_the_run_killed(mlflow_tmp, mo
 # set do (the 10-20 s of a server start saved).
 STOPS = [
     (0, "policy", signal.SIGINT, True, "step"),  # SFT; Ctrl-C in a terminal reaches Prefect's server too
-    (0, "collect", signal.SIGTERM, False, "start"),  # `timeout`, Kubernetes: into its model load and first batch
-    (0, "reward_model", signal.SIGTERM, False, "step"),  # `kill`, systemd (KillMode=mixed)
-    (1, "policy", signal.SIGINT, False, "step"),  # GRPO
-    (1, "policy", signal.SIGKILL, False, "step"),  # GRPO again, the OOM killer: a stale lock, the trainer's scratch
+    # `kill`, `timeout`, systemd, Kubernetes: into its model load and first batch (SIGTERM in a trainer's loop:
+    # test_resume.py's stop in a step longer than the grace)
+    (0, "collect", signal.SIGTERM, False, "start"),
+    (1, "policy", signal.SIGINT, False, "step"),  # GRPO (SIGKILLed in its loop: test_resume.py's GRPO test)
     # collect: every sample labelled, the shard not yet written
     (1, "collect", signal.SIGKILL, False, ("pipeline.collect", "write_shard", "round-001/samples.parquet")),
     # reward_model: the PRM trained and saved, the ORM trained but not saved
@@ -204,9 +204,9 @@ def _assert_nothing_redone(before: dict, after: dict, stopped: str | None) -> No
 @pytest.mark.usefixtures("isolated")
 def test_stopped_in_each_phase_then_resumed_to_the_figures_of_an_uninterrupted_run(tmp_path, prefect_harness,
                                                                                   mlflow_tmp, mini_run):
-    """`igrpo run` stopped inside each phase of round 0 (SIGINT, SIGTERM) and of round 1 (SIGINT, then SIGKILL: in
-    GRPO's training loop, and held inside collect, reward_model and eval with their work half done), each resume
-    stopped again one phase further, all in one run directory; a last, in-process rerun finishes the run. Every
+    """`igrpo run` stopped inside round 0 (SIGINT in SFT, SIGTERM in collect) and inside each phase of round 1
+    (SIGINT in GRPO's training loop, then SIGKILL held inside collect, reward_model and eval with their work half
+    done), each resume stopped again further on, all in one run directory; a last, in-process rerun finishes the run. Every
     stop within seconds, cleanly or (SIGKILL) with a stale lock that the next run takes over; nothing lost, redone
     or doubled; the figures those of the session's uninterrupted mini run (the same config, one round less)."""
     from prefect.settings import PREFECT_API_URL

@@ -94,6 +94,7 @@ def _arithmetic_rows(round_: int, prompts: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # RM trainings, both ways
 def test_frozen_rm_reuses_round_0_checkpoints_and_their_calibration(tmp_path, tiny_policy_dir, monkeypatch):
     """retrain: false -> round 1 trains nothing and returns round 0's paths, whose calibration (round 0's
     held-out slice, written when they were trained) stays theirs; retrain: true trains and calibrates anew."""
