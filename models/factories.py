@@ -207,7 +207,7 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, where: str) -> PreTra
 # checkpoints in a cache and loaded from there, ~1 s each, with the same weights and tokens.
 
 CACHE_ENV = "IGRPO_CACHE"  # the cache's folder; default $XDG_CACHE_HOME/iterative-grpo, else ~/.cache/iterative-grpo
-_DONE = "igrpo-converted.json"  # written last: a folder without it is a conversion that did not finish
+_DONE = "igrpo-converted.json"  # written last, listing every file and its size: a copy is whole when they all match
 
 
 def cache_dir() -> Path:
@@ -216,39 +216,59 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "iterative-grpo"
 
 
+def _whole(folder: Path) -> bool:
+    """Every file the copy's marker lists is there at its size (a deleted or cut-short file is damage)."""
+    try:
+        files = json.loads((folder / _DONE).read_text())["files"]
+        return all((folder / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
 def cached_conversion(source: Path, part: str, convert: Callable[[Path], None]) -> Path | None:
     """The folder where `convert(folder)` wrote `part` of `source` (a file), converting it on the first call.
 
     The cache key is the file's absolute path, size and modification time and the transformers version, so an
-    edited file or another conversion gets a new folder. A conversion goes to a temporary folder, renamed into place
-    when whole, so a crash or a second process converting at the same time leaves no half folder to load.
+    edited file or another conversion gets a new folder. One process converts at a time (a lock file beside the
+    folder; the others wait, then read its copy); a conversion goes to a scratch folder moved into place whole, and
+    a copy whose files do not match its marker (damaged on disk) is converted again.
 
     Returns:
-        None where the cache cannot be written (a read-only home): the caller reads `source` itself.
+        None where the conversion fails or the cache cannot be written (a read-only home, a full disk): the caller
+        reads `source` itself.
     """
+    import fcntl
+
     import transformers
 
     stat = source.stat()
     key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
                          .encode()).hexdigest()[:16]
     folder = cache_dir() / "gguf" / f"{source.stem}-{key}" / part
-    if (folder / _DONE).exists():
+    if _whole(folder):
         return folder
-    scratch = folder.parent / f".{part}-{uuid.uuid4().hex}"
     try:
-        scratch.mkdir(parents=True)
-        convert(scratch)
-        (scratch / _DONE).write_text(json.dumps({"source": str(source.resolve()), "size": stat.st_size,
-                                                 "transformers": transformers.__version__}))
-        shutil.rmtree(folder, ignore_errors=True)  # what a crashed conversion left (no marker)
-        os.replace(scratch, folder)
-    except OSError as e:
-        if (folder / _DONE).exists():  # another process converted it first: its copy is as good
-            return folder
-        log.warning("%s: not kept as a plain copy in %s (%s); read from the GGUF file", source, cache_dir(), e)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with open(folder.parent / f".{part}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            if _whole(folder):  # converted by the process this one waited for
+                return folder
+            for stale in [folder, *folder.parent.glob(f".{part}-*")]:  # damage; what a killed conversion left
+                shutil.rmtree(stale, ignore_errors=True)
+            scratch = folder.parent / f".{part}-{uuid.uuid4().hex}"
+            try:
+                scratch.mkdir()
+                convert(scratch)
+                files = {p.name: p.stat().st_size for p in scratch.iterdir()}
+                (scratch / _DONE).write_text(json.dumps({"source": str(source.resolve()), "files": files,
+                                                         "transformers": transformers.__version__}))
+                os.replace(scratch, folder)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+    except Exception as e:  # the file itself still loads: a cache is a saving, never a reason to fail
+        log.warning("%s: not kept as a plain copy in %s (%s: %s); read from the GGUF file", source, cache_dir(),
+                    type(e).__name__, e)
         return None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return folder
 
 
@@ -270,18 +290,8 @@ def _converted(path: str, gguf: str | None, part: str) -> tuple[str, str | None]
 
 
 def _loaded(spec: str, part: str, load: Callable[[str, str | None], object]):
-    """`load(path, gguf)` on the spec's (converted) files; a cached copy that does not load (damaged on disk) is
-    dropped and converted again, once."""
-    path, gguf = resolve_spec(spec)
-    where = _converted(path, gguf, part)
-    try:
-        return load(*where)
-    except Exception:
-        if where == (path, gguf):
-            raise
-        log.warning("%s: the cached plain copy of its %s does not load; converted again", spec, part)
-        shutil.rmtree(where[0], ignore_errors=True)
-        return load(*_converted(path, gguf, part))
+    """`load(path, gguf)` on the spec's files: a GGUF file's plain copy of `part` where there is one."""
+    return load(*_converted(*resolve_spec(spec), part))
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:

