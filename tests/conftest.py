@@ -97,13 +97,10 @@ def gguf_cache(tmp_path_factory):
     home: SmolLM2's is converted by the first test that loads it and read by the later ones."""
     from models.factories import CACHE_ENV
 
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("igrpo-cache"))
-    yield Path(os.environ[CACHE_ENV])
-    if before is None:
-        os.environ.pop(CACHE_ENV)
-    else:
-        os.environ[CACHE_ENV] = before
+    folder = tmp_path_factory.mktemp("igrpo-cache")
+    with pytest.MonkeyPatch.context() as mp:  # the user's own setting is back after the session
+        mp.setenv(CACHE_ENV, str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session", autouse=True)
