@@ -172,6 +172,10 @@ def ephemeral_server_apart() -> None:
     """
     if sys.platform != "linux":
         return
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:  # the run talks to a server of the user's: none to start (nor to import)
+        return
     from prefect.server.api import server
 
     if None in server.SubprocessASGIServer._instances:  # a harness, or an earlier call, registered one

@@ -90,11 +90,30 @@ def _grpo_config(tmp_path) -> dict:
                              "logging_steps": 1, "save_steps": 1})
 
 
+@pytest.fixture(scope="module")
+def grpo_reference(tmp_path_factory, tiny_dirs):
+    """The uninterrupted GRPO training of `_grpo_config` (at one thread, as the killed ones), shared by the kills."""
+    from pipeline.policy import run_policy_phase
+    from pipeline.problems import problem_set_from_config
+
+    where, threads = tmp_path_factory.mktemp("grpo-reference"), torch.get_num_threads()
+    cfg = config_from_dict(_grpo_config(where))
+    torch.set_num_threads(1)
+    try:
+        ref = run_policy_phase(cfg, problem_set_from_config(cfg), tiny_dirs / "policy", where / "ref" / "policy", 1,
+                               {"prm": str(tiny_dirs / "prm")})
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(AssertionError):  # it trained: the comparisons with it can fail
+        _assert_same_weights(tiny_dirs / "policy", ref.policy_path)
+    return ref
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "at", "resumed_from"), [(signal.SIGKILL, 3, 2), (signal.SIGINT, 1, 2), (signal.SIGINT, 3, 4)],
                          ids=["SIGKILL", "SIGINT", "SIGINT-last-step"])
-def test_grpo_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, tiny_dirs, one_thread,
-                                                                             signum, at, resumed_from):
+def test_grpo_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, tiny_dirs, grpo_reference,
+                                                                             one_thread, signum, at, resumed_from):
     """SIGKILL as step 4 begins: the checkpoint of step 2 is resumed (step 3's was not saved: inside a generation
     batch). SIGINT as step 2 begins: the step ends, a generation batch with it, and there the run saves and exits
     130; the resume starts at step 3 on a fresh generation batch, as the uninterrupted run did. SIGINT in the last
@@ -105,10 +124,7 @@ def test_grpo_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted_run(tm
     data = _grpo_config(tmp_path)
     cfg = config_from_dict(data)
     ps = problem_set_from_config(cfg)
-    policy, rms = tiny_dirs / "policy", {"prm": str(tiny_dirs / "prm")}
-    ref = run_policy_phase(cfg, ps, policy, tmp_path / "ref" / "policy", 1, rms)
-    with pytest.raises(AssertionError):  # it trained: the comparison below can fail
-        _assert_same_weights(policy, ref.policy_path)
+    policy, rms, ref = tiny_dirs / "policy", {"prm": str(tiny_dirs / "prm")}, grpo_reference
     out = tmp_path / "run" / "policy"
     proc = _killed(tmp_path, "grpo", data, {"policy": str(policy), "out": str(out), "rms": rms}, at, signum)
     assert proc.returncode == (-signum if signum == signal.SIGKILL else 128 + signum), proc.stderr[-3000:]
@@ -161,7 +177,7 @@ def test_rm_training_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted
 def test_a_stop_in_a_step_longer_than_the_grace_still_saves_that_steps_checkpoint(tmp_path, tiny_policy_dir,
                                                                                   one_thread):
     """A real model's step on a CPU outlasts the stop's grace (SmolLM2's GRPO: ~20 s a step, 20 s of grace): the
-    SIGTERM comes as step 3 begins, each step takes 2.5 s, the grace is 1 s. The step still ends and saves its
+    SIGTERM comes as step 3 begins, each step takes 1.5 s, the grace is 1 s. The step still ends and saves its
     checkpoint, and the process exits on its own, 128 + the signal; it used to exit at once, `grace` after the
     signal, and the resume started from the periodic checkpoint of step 2, a step lost (every step since the
     last periodic save, on a real run)."""
@@ -171,7 +187,7 @@ def test_a_stop_in_a_step_longer_than_the_grace_still_saves_that_steps_checkpoin
     (tmp_path / "rows.json").write_text(json.dumps(rows))
     out = tmp_path / "run" / "prm"
     proc = _killed(tmp_path, "prm", data, {"policy": str(tiny_policy_dir), "out": str(out),
-                                          "rows": str(tmp_path / "rows.json"), "grace": 1.0, "step_seconds": 2.5},
+                                          "rows": str(tmp_path / "rows.json"), "grace": 1.0, "step_seconds": 1.5},
                    2, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
     assert "stopped at once" not in proc.stderr, proc.stderr[-3000:]

@@ -169,8 +169,8 @@ STOPS = [
     (1, "collect", signal.SIGKILL, False, ("pipeline.collect", "write_shard", "round-001/samples.parquet")),
     # reward_model: the PRM trained and saved, the ORM trained but not saved
     (1, "reward_model", signal.SIGKILL, False, ("pipeline.reward_model", "save_model", "round-001/reward_model/orm")),
-    # eval: eval.json written, the plots, artifacts and manifest record not
-    (1, "eval", signal.SIGKILL, False, ("pipeline.eval_phase", "plot_pass_maj", "round-001/pass_maj.png")),
+    # eval: not stopped here (~13 s a stop). A SIGKILL there, after eval.json and before its record, was this
+    # chain's collect stop again: a phase's output partly written, its record and MLflow logging not; redone whole.
 ]
 ORDER = [phase_key(r, p) for r in (0, 1) for p in ("policy", "collect", "reward_model", "eval")]
 
@@ -204,9 +204,9 @@ def _assert_nothing_redone(before: dict, after: dict, stopped: str | None) -> No
 @pytest.mark.usefixtures("isolated")
 def test_stopped_in_each_phase_then_resumed_to_the_figures_of_an_uninterrupted_run(tmp_path, prefect_harness,
                                                                                   mlflow_tmp, mini_run):
-    """`igrpo run` stopped inside round 0 (SIGINT in SFT, SIGTERM in collect) and inside each phase of round 1
-    (SIGINT in GRPO's training loop, then SIGKILL held inside collect, reward_model and eval with their work half
-    done), each resume stopped again further on, all in one run directory; a last, in-process rerun finishes the run. Every
+    """`igrpo run` stopped inside round 0 (SIGINT in SFT, SIGTERM in collect) and inside round 1 (SIGINT in
+    GRPO's training loop, then SIGKILL held inside collect and reward_model with their work half done), each
+    resume stopped again further on, all in one run directory; a last, in-process rerun finishes the run. Every
     stop within seconds, cleanly or (SIGKILL) with a stale lock that the next run takes over; nothing lost, redone
     or doubled; the figures those of the session's uninterrupted mini run (the same config, one round less)."""
     from prefect.settings import PREFECT_API_URL
