@@ -26,7 +26,7 @@ from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config 
 # fixtures), and every full garbage collection walks them all: ~0.45 s each on 2 cores, once per Trainer.train
 # (accelerate's free_memory calls gc.collect()) and whenever Python's own thresholds trigger one. `gc.freeze()` moves
 # what is alive into a generation the collector skips (CPython's own advice for long-lived objects): -m "not slow"
-# went from 54 s to 36 s. Redone every REFREEZE tests to take in what later tests import; what is frozen is still
+# went from 54 s to 38 s. Redone every REFREEZE tests to take in what later tests import; what is frozen is still
 # freed when its last reference goes, only a reference cycle among frozen objects stays until the session ends.
 REFREEZE = 25
 

@@ -82,8 +82,8 @@ def test_deploy_to_a_worker_run_cancel_and_resume(tmp_path, server):
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.states import Cancelling
 
-    # SFT twice mini's epochs (~5 s idle): long enough for the cancel below to land inside it, sent 1 s after it
-    # begins and polled for by the worker every second; the resumed run trains it again.
+    # SFT twice mini's epochs (~4-5 s idle): long enough for the cancel below, sent 1 s after it begins, to land
+    # inside it (the worker hears of a cancel by Prefect's event stream at once); the resumed run trains it again.
     data = mini_config(tmp_path, run={"rounds": 1},
                        bootstrap={"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 4,
                                                "per_device_train_batch_size": 32}})

