@@ -26,25 +26,19 @@ from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config 
 # fixtures), and every full garbage collection walks them all: ~0.45 s each on 2 cores, once per Trainer.train
 # (accelerate's free_memory calls gc.collect()) and whenever Python's own thresholds trigger one. `gc.freeze()` moves
 # what is alive into a generation the collector skips (CPython's own advice for long-lived objects): -m "not slow"
-# went from 54 s to 38 s. Redone every REFREEZE tests to take in what later tests import; what is frozen is still
-# freed when its last reference goes, only a reference cycle among frozen objects stays until the session ends.
+# went from 54 s to 38 s. Done before the first test and every REFREEZE tests after, to take in what later tests
+# import; what is frozen is still freed when its last reference goes, only a reference cycle among frozen objects
+# stays until the session ends.
 REFREEZE = 25
-
-
-def pytest_collection_finish(session):
-    gc.collect()
-    gc.freeze()
-
-
 _tests_begun = 0
 
 
 def pytest_runtest_setup(item):
     global _tests_begun
-    _tests_begun += 1
     if _tests_begun % REFREEZE == 0:
         gc.collect()  # the garbage of the tests before is freed, not frozen
         gc.freeze()
+    _tests_begun += 1
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ thread (`torch.set_num_threads(1)`, OMP_NUM_THREADS=1): CPU kernels are bitwise 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -56,12 +57,20 @@ with stop_on_signals(grace) as stopper:
 """
 
 
-@pytest.fixture
-def one_thread():
+@contextlib.contextmanager
+def _one_torch_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread():
+    with _one_torch_thread():
+        yield
 
 
 def _killed(tmp_path, what: str, data: dict, args: dict, at: int, signum: int) -> subprocess.CompletedProcess:
@@ -96,14 +105,11 @@ def grpo_reference(tmp_path_factory, tiny_dirs):
     from pipeline.policy import run_policy_phase
     from pipeline.problems import problem_set_from_config
 
-    where, threads = tmp_path_factory.mktemp("grpo-reference"), torch.get_num_threads()
+    where = tmp_path_factory.mktemp("grpo-reference")
     cfg = config_from_dict(_grpo_config(where))
-    torch.set_num_threads(1)
-    try:
+    with _one_torch_thread():
         ref = run_policy_phase(cfg, problem_set_from_config(cfg), tiny_dirs / "policy", where / "ref" / "policy", 1,
                                {"prm": str(tiny_dirs / "prm")})
-    finally:
-        torch.set_num_threads(threads)
     with pytest.raises(AssertionError):  # it trained: the comparisons with it can fail
         _assert_same_weights(tiny_dirs / "policy", ref.policy_path)
     return ref
