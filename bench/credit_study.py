@@ -15,6 +15,7 @@ verdicts written by hand under its tables (paragraphs opening "**What held") are
   implicit             hybrid (sum credit), the implicit PRM's step values; no Monte-Carlo rollouts at all
   labeltoken-progress  as prm-progress, the PRM reading P('+') from the LM head at a step tag
   <arm>-centred        the arm with supervision.process_centring=group (`--centred ARM`)
+  <arm>-w<W>           the arm with supervision.process_weight=W (`--only prm-progress-w3`); -w<W>-centred both
 
 Run from the repository root, pinned to the AVX2 kernels at 2 threads (as bench/experiments.py):
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -59,9 +61,19 @@ LEARNED = ("prm-progress", "implicit", "labeltoken-progress")  # the arms whose 
 KEYS = ("eval/maj@8", "eval/greedy", "eval/pass@1")
 
 
+WEIGHTED = re.compile(r"(.+)-w(\d+(?:\.\d+)?)")
+
+
+def base_arm(arm: str) -> str:
+    """The `ARMS` entry a variant (`-w<W>`, `-centred`) is made from."""
+    arm = arm.removesuffix("-centred")
+    return m[1] if (m := WEIGHTED.fullmatch(arm)) else arm
+
+
 def overrides(arm: str) -> list[str]:
-    base = arm.removesuffix("-centred")
-    return ARMS[base] + ([CENTRED] if arm != base else [])
+    weighted = WEIGHTED.fullmatch(arm.removesuffix("-centred"))
+    return (ARMS[base_arm(arm)] + ([f"supervision.process_weight={weighted[2]}"] if weighted else [])
+            + ([CENTRED] if arm.endswith("-centred") else []))
 
 
 class Study(Experiments):
@@ -111,8 +123,8 @@ def task_section(kept: dict[str, dict], last: int) -> list[str]:
     """The task's table: each arm's round-`last` figures and its per-seed gap to the verifier's."""
     data, rows = figures(kept), []
     base = data.get("verifier", {})
-    order = list(ARMS)  # the study's arms in their order, each centred variant after its arm
-    for arm in sorted(data, key=lambda a: (order.index(a.removesuffix("-centred")), a)):
+    order = list(ARMS)  # the study's arms in their order, each variant after its arm
+    for arm in sorted(data, key=lambda a: (order.index(base_arm(a)), a)):
         seeds = sorted(s for s, m in data[arm].items() if last in m)
         diffs = [data[arm][s][last]["eval/maj@8"] - base[s][last]["eval/maj@8"]
                  for s in seeds if last in base.get(s, {})]
@@ -138,7 +150,8 @@ def report(a: argparse.Namespace, out: Path) -> Path:
           " Each arm starts from its seed's SFT policy and runs round 0 and "
           f"{a.rounds} RL rounds on the task's config (its budgets, `configs/<task>.yaml`) plus the arm's overrides:",
           "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
-                     + [["`<arm>-centred`", f"`{CENTRED}`"]]), ""]
+                     + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]]),
+          ""]
     for task in TASKS:
         study = Study(a, task)
         if not (kept := study.kept()):
@@ -163,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--only", action="append", help="run only these arms (repeatable; ARM-centred too)")
+    ap.add_argument("--only", action="append", help="run only these arms (repeatable; ARM-w<W>, ARM-centred too)")
     ap.add_argument("--centred", action="append", default=[], help="also run ARM's centred variant (repeatable)")
     ap.add_argument("--rounds", type=int, default=2, help="RL rounds after round 0")
     ap.add_argument("--runs-dir", default="runs/credit")
@@ -176,8 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     a.smoke, a.mc_prompts = False, 0
     for arm in [*(a.only or []), *a.centred]:
-        if arm.removesuffix("-centred") not in ARMS:
-            ap.error(f"unknown arm {arm!r}: {', '.join(ARMS)} (or ARM-centred)")
+        if base_arm(arm) not in ARMS:
+            ap.error(f"unknown arm {arm!r}: {', '.join(ARMS)} (or ARM-w<W>, ARM-centred)")
     from flows.console import prefect_defaults
 
     prefect_defaults()

@@ -214,17 +214,20 @@ def test_the_prm_study_table_is_built_from_the_kept_study_results_of_every_run(t
 
 
 def test_every_arm_of_the_credit_study_is_a_config_the_pipeline_accepts():
-    """bench/credit_study.py's arms (and their centred variants) load on both tasks' configs, and say what they
-    change: a refused combination would otherwise surface hours into the study."""
+    """bench/credit_study.py's arms (and their centred and weighted variants) load on both tasks' configs, and say
+    what they change: a refused combination would otherwise surface hours into the study."""
     study = load_bench("credit_study")
     for task, path in study.TASKS.items():
-        for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS if x != "verifier")]:
+        hybrid = [x for x in study.ARMS if "progress" in x or x == "implicit"]  # a process weight needs hybrid mode
+        for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS if x != "verifier"),
+                    *(f"{x}{v}" for x in hybrid for v in ("-w3", "-w0.5-centred"))]:
             cfg = study.load_config(study.ROOT / path, study.overrides(arm))
             s = cfg.supervision
-            assert s.mode == ("outcome" if arm == "verifier" else "process" if arm.startswith("oracle-c") or
-                              arm in ("oracle", "oracle-centred") else "hybrid"), (task, arm)
+            assert s.mode == ("outcome" if arm == "verifier" else "process" if arm.startswith("oracle-")
+                              and "progress" not in arm or arm == "oracle" else "hybrid"), (task, arm)
             assert (s.process_reward == "progress") == ("progress" in arm), (task, arm)
             assert (s.process_centring == "group") == arm.endswith("-centred"), (task, arm)
+            assert s.process_weight == (3.0 if "-w3" in arm else 0.5 if "-w0.5" in arm else 1.0), (task, arm)
         implicit = study.load_config(study.ROOT / path, study.overrides("implicit"))
         assert implicit.collect.rollouts_per_step == 0 and implicit.reward_model.kinds == ["implicit"]
 
