@@ -215,8 +215,7 @@ def _recorded_outputs(cfg: PipelineConfig) -> str:
         manifest = Manifest.load(cfg.run_dir)  # a damaged manifest: its own RunDirError
     except FileNotFoundError:
         return "none (a new run)"
-    outputs = [(key, Path(p)) for key, out in manifest.data["phases"].items()
-               for p in ([out["path"]] if out.get("path") else []) + list((out.get("paths") or {}).values())]
+    outputs = manifest.outputs()
     for key, path in outputs:
         damage = _damage(path)
         if damage:

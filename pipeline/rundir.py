@@ -1,7 +1,8 @@
 """One pipeline run on disk: every path under `runs/<name>/`, the manifest, the lock, and atomic writes.
 
 ```
-runs/<name>/manifest.json              finished phases (key `round-XXX/<phase>`), outputs, metrics, MLflow run ids
+runs/<name>/manifest.json              finished phases (key `round-XXX/<phase>`), outputs, metrics, MLflow run ids;
+                                       outputs relative to runs/<name>/, so that it resumes moved or from anywhere
 runs/<name>/.lock                      the pid of the process running it (a dead pid's lock is taken over)
 runs/<name>/pass_maj_rounds.png        Pass@K and Maj@K against K, one line per round
 runs/<name>/round-XXX/policy/          the round's policy checkpoint
@@ -205,6 +206,39 @@ class RunDir:
 # ---------------------------------------------------------------------------------------------- manifest
 
 
+RELATIVE = "outputs_relative_to_run_dir"  # the manifest's mark that its outputs' paths are kept by `kept_path`
+
+
+def kept_path(path: str | os.PathLike, run_dir: str | os.PathLike) -> str:
+    """A phase output's path as the manifest keeps it: relative to the run directory when inside it (so that the
+    directory resumes moved elsewhere, or from another working directory), else absolute.
+
+    Manifests written before kept the path as the run gave it, absolute or relative to the working directory of
+    that day: one inside a round folder of a directory named as this one is read from the round folder on.
+
+    >>> kept_path("runs/a/round-001/policy", "runs/a"), kept_path("/old/place/a/round-001/policy", "/new/a")
+    ('round-001/policy', 'round-001/policy')
+    """
+    p = Path(path)
+    with contextlib.suppress(ValueError):
+        return Path(os.path.abspath(p)).relative_to(os.path.abspath(run_dir)).as_posix()
+    parts = p.parts
+    for i in range(len(parts) - 1, 0, -1):
+        if parts[i - 1] == Path(run_dir).name and _ROUND_DIR.fullmatch(parts[i]):
+            return Path(*parts[i:]).as_posix()
+    return os.path.abspath(p)
+
+
+def _with_paths(output: dict, change) -> dict:
+    """A phase's recorded output with `change` applied to its path(s)."""
+    out = dict(output)
+    if out.get("path"):
+        out["path"] = change(out["path"])
+    if out.get("paths"):
+        out["paths"] = {kind: change(p) for kind, p in out["paths"].items()}
+    return out
+
+
 def phase_key(round_index: int, *parts: str) -> str:
     """The one key format of the manifest, for outputs and MLflow runs alike: `round-001[/policy[/prm]]`."""
     return "/".join((round_dir("", round_index).name, *parts))
@@ -214,7 +248,7 @@ class Manifest:
     """What is done in a run directory, where its outputs are, and the MLflow run ids."""
 
     def __init__(self, run_dir: str | os.PathLike, data: dict):
-        self.run_dir, self.data = Path(run_dir), data
+        self.run_dir, self.data = Path(run_dir), {**data, RELATIVE: True}
 
     @property
     def path(self) -> Path:
@@ -242,6 +276,9 @@ class Manifest:
             (phase_key(int(m.group(1)), m.group(2)) if (m := _OLD_PHASE_KEY.fullmatch(k)) else k): v
             for k, v in data["phases"].items()
         }
+        if not data.get(RELATIVE):  # written before outputs were kept relative to the run directory
+            data["phases"] = {k: _with_paths(v, lambda p: kept_path(p, run_dir)) if isinstance(v, dict) else v
+                              for k, v in data["phases"].items()}
         return cls(run_dir, data)
 
     def save(self) -> None:
@@ -251,10 +288,16 @@ class Manifest:
         return phase_key(round_index, phase) in self.data["phases"]
 
     def output(self, round_index: int, phase: str) -> dict:
-        return self.data["phases"][phase_key(round_index, phase)]
+        """A finished phase's record, its paths under this run directory as it is now."""
+        return _with_paths(self.data["phases"][phase_key(round_index, phase)], lambda p: str(self.run_dir / p))
+
+    def outputs(self) -> list[tuple[str, Path]]:
+        """(phase key, path) of every recorded output, under this run directory as it is now."""
+        return [(key, self.run_dir / p) for key, out in self.data["phases"].items()
+                for p in ([out["path"]] if out.get("path") else []) + list((out.get("paths") or {}).values())]
 
     def record(self, round_index: int, phase: str, output: dict) -> None:
-        self.data["phases"][phase_key(round_index, phase)] = output
+        self.data["phases"][phase_key(round_index, phase)] = _with_paths(output, lambda p: kept_path(p, self.run_dir))
         self.save()
 
     def slot(self, key: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -19,14 +20,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _walk_round(cfg, r: int) -> list:
     """Round r's phases in order as `run_phase` runs them: each one's inputs as its declaration reads them from
-    the manifest, then a made-up output named after it recorded there. Returns what each phase was handed."""
-    calls = []
+    the manifest, then a made-up output named after it, in the run directory, recorded there. Returns what each
+    phase was handed, its paths relative to the run directory."""
+    at, calls = lambda name: str(Path(cfg.run_dir, name)), []
     for name, phase in PHASES.items():
-        calls.append((r, name, phase.inputs(recorded(cfg), r)))
-        out = ({"paths": {"prm": f"rm{r}/prm", "orm": f"rm{r}/orm"}} if name == "reward_model"
-               else {"path": f"{name}{r}"})
+        calls.append((r, name, _relative(phase.inputs(recorded(cfg), r), cfg.run_dir)))
+        out = ({"paths": {"prm": at(f"rm{r}/prm"), "orm": at(f"rm{r}/orm")}} if name == "reward_model"
+               else {"path": at(f"{name}{r}")})
         Manifest.load(cfg.run_dir).record(r, name, {"metrics": {}, **out})
     return calls
+
+
+def _relative(inputs, run_dir):
+    """A phase's inputs with each path under `run_dir` written relative to it."""
+    if isinstance(inputs, dict):
+        return {k: _relative(v, run_dir) for k, v in inputs.items()}
+    return str(Path(inputs).relative_to(run_dir)) if isinstance(inputs, str) else inputs
 
 
 def test_round_zero_bootstraps_and_its_monitor_reads_its_own_rms(tmp_path):
@@ -46,10 +55,10 @@ def test_round_r_trains_from_the_previous_policy_against_the_previous_rms(tmp_pa
     # With the oracle, the gold labels stand in for the PRM inside GRPO only: the RMs are trained, warm-started
     # and evaluated as usual, so the round's other figures compare with a PRM arm's.
     cfg = config_from_dict(mini_config(tmp_path, reward_model={"oracle": oracle}), check_trl=False)
-    manifest = Manifest(cfg.run_dir, {"config": {}, "phases": {}, "mlflow": {}})
-    for name, output in {"policy": {"path": "p0", "metrics": {}}, "collect": {"path": "s0", "metrics": {}},
-                         "reward_model": {"paths": {"prm": "r0"}, "versions": {}, "metrics": {}},
-                         "eval": {"path": "e0", "metrics": {}}}.items():
+    manifest, at = Manifest(cfg.run_dir, {"config": {}, "phases": {}, "mlflow": {}}), lambda n: str(cfg.run_dir / n)
+    for name, output in {"policy": {"path": at("p0"), "metrics": {}}, "collect": {"path": at("s0"), "metrics": {}},
+                         "reward_model": {"paths": {"prm": at("r0")}, "versions": {}, "metrics": {}},
+                         "eval": {"path": at("e0"), "metrics": {}}}.items():
         manifest.record(0, name, output)
     assert _walk_round(cfg, 1) == [
         (1, "policy", {"policy": "p0", "reward_models": {"prm": "r0"}}),  # GRPO from π_0 against rm_0
@@ -98,7 +107,7 @@ def test_a_manifest_of_the_older_key_format_resumes(tmp_path):
     })
     manifest = Manifest.load(tmp_path)
     assert manifest.done(0, "policy") and manifest.done(1, "policy") and not manifest.done(1, "collect")
-    assert manifest.output(1, "policy")["path"] == "b"
+    assert manifest.output(1, "policy")["path"] == os.path.abspath("b")  # relative to the working directory then
     assert set(manifest.data["phases"]) == {phase_key(0, "policy"), phase_key(1, "policy")} == {
         "round-000/policy", "round-001/policy"}
 

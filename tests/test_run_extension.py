@@ -3,6 +3,8 @@ stopped phase leaves."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -84,12 +86,42 @@ def test_a_resume_names_a_damaged_recorded_output_before_any_work(tmp_path, caps
     path = damaged(run)
     path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
     before = sorted(p.name for p in run.root.rglob("*"))
-    recorded_key = lambda run: {v["path"]: k for k, v in read_json(run.manifest)["phases"].items()}[  # noqa: E731
-        str(recorded(run))]
+    recorded_key = lambda run: {str(p): k for k, p in Manifest.load(run.root).outputs()}[str(recorded(run))]  # noqa: E731
     rc, err = run_cli(tmp_path, capsys, data)
     assert rc == 2 and err.startswith(f"igrpo: error: {recorded(run)}: recorded as the output"), err
     assert expected in err and f"--redo {recorded_key(run)}`" in err and "Traceback" not in err
     assert sorted(p.name for p in run.root.rglob("*")) == before  # nothing written, nothing started
+
+
+@pytest.mark.parametrize("written", ["now", "before"])
+def test_a_run_directory_moved_elsewhere_resumes_from_another_working_directory(tmp_path, tiny_policy_dir, monkeypatch,
+                                                                                 written):
+    """A run directory copied to another disk or machine, then resumed from another working directory with a
+    relative run.runs_dir: its recorded outputs are found where the directory is now. Before, the manifest kept
+    each output's path as the run gave it, and the resume stopped on "recorded as the output of round-000/policy,
+    but it is missing" though the checkpoint was there. Manifests written before (absolute paths, `before`) too."""
+    import shutil
+
+    from pipeline.phases import recorded
+    from pipeline.preflight import preflight
+    from pipeline.rundir import RELATIVE, write_json_atomic
+
+    data, run = _recorded_run(tmp_path, tiny_policy_dir)
+    raw = read_json(run.manifest)
+    assert raw["phases"]["round-000/policy"]["path"] == "round-000/policy"
+    if written == "before":
+        for out in raw["phases"].values():
+            out["path"] = str(run.root / out["path"])
+        write_json_atomic(run.manifest, {k: v for k, v in raw.items() if k != RELATIVE})
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(run.root, elsewhere / "runs" / run.root.name)
+    monkeypatch.chdir(elsewhere)
+    cfg = config_from_dict({**data, "run": {**data["run"], "runs_dir": "runs"}}, check_trl=False)
+    preflight(cfg)  # before: RunDirError, round-000/policy "missing"
+    policy = recorded(cfg)(0, "policy").path
+    assert policy == str(Path("runs", run.root.name, "round-000", "policy")) and Path(policy, "config.json").is_file()
+    assert sorted(str(p) for _, p in Manifest.load(cfg.run_dir).outputs()) == sorted(
+        str(Path("runs", run.root.name, "round-000", name)) for name in ("policy", "samples.parquet", "eval.json"))
 
 
 def test_redo_forgets_a_recorded_phase_and_every_phase_after_it(tmp_path, tiny_policy_dir, capsys):
