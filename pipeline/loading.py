@@ -158,15 +158,16 @@ def resumed_config_diff(stored: dict, current: PipelineConfig) -> list[str]:
     """`config_diff` of a resumed run's stored config against `current`, the stored one read by today's model.
 
     So a field added since (stored without it, at its default now) or read under an old name is no change, and
-    neither is more rounds (`run.rounds` raised): that extends a run, it changes nothing that was done. A stored
-    config today's model refuses (a field since removed) is compared as it was stored.
+    neither is more rounds (`run.rounds` raised): that extends a run, it changes nothing that was done. Nor is
+    `run.runs_dir`: where the run directory lives now (moved, or spelled from another working directory), not
+    how it runs. A stored config today's model refuses (a field since removed) is compared as it was stored.
     """
     try:
         stored = PipelineConfig.model_validate(stored).model_dump(mode="json")
     except ValidationError:
         pass
-    rounds = (stored.get("run") or {}).get("rounds")
-    if isinstance(rounds, int) and current.run.rounds >= rounds:
-        stored = {**stored, "run": {**stored["run"], "rounds": current.run.rounds}}
-    return config_diff(stored, current.model_dump(mode="json"))
+    run = {**(stored.get("run") or {}), "runs_dir": current.model_dump(mode="json")["run"]["runs_dir"]}
+    if isinstance(run.get("rounds"), int) and current.run.rounds >= run["rounds"]:
+        run["rounds"] = current.run.rounds
+    return config_diff({**stored, "run": run}, current.model_dump(mode="json"))
 

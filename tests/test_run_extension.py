@@ -97,13 +97,14 @@ def test_a_resume_names_a_damaged_recorded_output_before_any_work(tmp_path, caps
 def test_a_run_directory_moved_elsewhere_resumes_from_another_working_directory(tmp_path, tiny_policy_dir, monkeypatch,
                                                                                  written):
     """A run directory copied to another disk or machine, then resumed from another working directory with a
-    relative run.runs_dir: its recorded outputs are found where the directory is now. Before, the manifest kept
-    each output's path as the run gave it, and the resume stopped on "recorded as the output of round-000/policy,
-    but it is missing" though the checkpoint was there. Manifests written before (absolute paths, `before`) too."""
+    relative run.runs_dir: its recorded outputs are found where the directory is now, and where it lives is not a
+    change of config. Before, the manifest kept each output's path as the run gave it, and the resume stopped on
+    "recorded as the output of round-000/policy, but it is missing" though the checkpoint was there; with that
+    mended, on "started with another config: run.runs_dir". Manifests written before (absolute paths) too."""
     import shutil
 
     from pipeline.phases import recorded
-    from pipeline.preflight import preflight
+    from pipeline.preflight import check_run, preflight
     from pipeline.rundir import RELATIVE, write_json_atomic
 
     data, run = _recorded_run(tmp_path, tiny_policy_dir)
@@ -118,6 +119,8 @@ def test_a_run_directory_moved_elsewhere_resumes_from_another_working_directory(
     monkeypatch.chdir(elsewhere)
     cfg = config_from_dict({**data, "run": {**data["run"], "runs_dir": "runs"}}, check_trl=False)
     preflight(cfg)  # before: RunDirError, round-000/policy "missing"
+    found, errors = check_run(cfg)  # `igrpo check`; before: run.runs_dir's new spelling was a config change
+    assert errors == [] and found["run directory"] == f"{cfg.run_dir}: resumes it (3 phases done)"
     policy = recorded(cfg)(0, "policy").path
     assert policy == str(Path("runs", run.root.name, "round-000", "policy")) and Path(policy, "config.json").is_file()
     assert sorted(str(p) for _, p in Manifest.load(cfg.run_dir).outputs()) == sorted(
