@@ -362,9 +362,11 @@ def reward_model_from_policy(spec: str, kind: str, layout=None) -> tuple[PreTrai
         log.warning("%s from %r: %d backbone weights not in the checkpoint, left random: %s", kind.upper(), spec,
                     len(backbone), ", ".join(backbone[:5]))
     model = _dequantized(model)
+    from pipeline.rm_kinds.heads import tag_kept_apart
+
     tag = layout.step_tag if layout else None
-    if tag and tag not in tokenizer.get_vocab():  # a new token, kept apart from the text around it
-        tokenizer.add_tokens([tag], special_tokens=True)
+    if tag and (tag not in tokenizer.get_vocab() or not tag_kept_apart(tokenizer, tag)):
+        tokenizer.add_tokens([tag], special_tokens=True)  # an added token: kept apart from the text around it
         model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id  # sequence classification reads the last non-pad token
     return model, tokenizer

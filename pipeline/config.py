@@ -312,7 +312,8 @@ class RewardModelConfig(Section):
         "records its own; only kinds that score steps have one."))
     step_tag: str | None = Field(None, description=(
         "The tag token put after each step and read there, for head label_tokens or classification (None: the "
-        "head's default, 'ки' or '<extra_0>'); added to a fresh PRM's tokenizer if missing."))
+        "head's default, 'ки' or '<extra_0>'); added to a fresh PRM's tokenizer as a token of its own if missing, or if "
+        "the tokenizer merges it with the text before it (SmolLM2's BPE merges '§' with a space)."))
     label_tokens: list[str] | None = Field(None, description=(
         "Head label_tokens: the (right, wrong) tokens read from the LM head, one token each (None: ['+', '-'])."))
     init: str | None = Field(None, description=(

@@ -77,6 +77,22 @@ def single_token(tokenizer, text: str, what: str) -> int:
     return ids[0]
 
 
+# Step endings a tag follows in `tagged_steps`: a digit, a letter, punctuation, a trailing space (policies leave
+# them), an emoji; a byte-level BPE merges an in-vocabulary tag such as '§' with the space before it.
+TAG_PROBE = "1 + 2 = 3\nx = 12.\nit is 7 \n(a)\nok 😀\nAnswer: 12"
+
+
+def tag_kept_apart(tokenizer, tag: str) -> bool:
+    """Whether `tokenizer` keeps `tag` one token of its own after every kind of step ending (`TAG_PROBE`): else a
+    step's score is read at a token the PRM was never trained to answer at."""
+    ids = tokenizer.encode(tag, add_special_tokens=False)
+    if len(ids) != 1:
+        return False
+    text, ends = tagged_steps(TAG_PROBE, tag)
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    return all(enc["input_ids"][i] == ids[0] for i in char_to_token_ends(enc["offset_mapping"], ends))
+
+
 @dataclass(frozen=True)
 class StepReader:
     """Where a PRM of one layout reads its step scores, and how (`PrmScorer`, `prm_examples`).
@@ -91,8 +107,13 @@ class StepReader:
 
     @staticmethod
     def build(layout: PrmLayout, tokenizer) -> StepReader:
-        """The reader of `layout` on `tokenizer`; a tag or label token it does not hold as one token: ValueError."""
+        """The reader of `layout` on `tokenizer`; a tag or label token it does not hold as one token, or a tag it
+        merges with the text before it: ValueError."""
         tag = single_token(tokenizer, layout.step_tag, "reward_model.step_tag") if layout.step_tag else None
+        if tag is not None and not tag_kept_apart(tokenizer, layout.step_tag):
+            raise ValueError(f"reward_model.step_tag {layout.step_tag!r} merges with the text before it in this "
+                             "tokenizer (after a trailing space, say): a PRM trained from a policy adds it as a token "
+                             "of its own; a checkpoint needs a tokenizer that holds it as an added token")
         labels = (tuple(single_token(tokenizer, t, "reward_model.label_tokens") for t in layout.label_tokens)
                   if layout.label_tokens else None)
         return StepReader(layout, tag, labels)
