@@ -140,13 +140,11 @@ def test_a_fresh_prms_tag_stays_its_own_token_after_any_step_ending(tmp_path, ki
     byte-level BPE, 'ed' after letters) is added as a token of its own, as a missing tag is, so every step of
     every text is read at the tag. Before, only a tag missing from the vocabulary was added, and scoring stopped
     after the PRM had trained ("merges with the text around it"), at the first step ending in a space."""
-    from models import tiny_policy
     from pipeline.rm_kinds.heads import StepReader
-    from tests.tokenizer_cases import PROMPT, TEXTS, tokenizer_of
+    from tests.tokenizer_cases import PROMPT, TEXTS, save_tiny_policy, tokenizer_of
 
     tok = tokenizer_of(kind)
-    save_model(tiny_policy(tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-                           max_position_embeddings=256, seed=3), tok, tmp_path / "policy")
+    save_tiny_policy(tok, tmp_path / "policy")
     layout = PrmLayout("classification", tag)
     model, prm_tok = reward_model_from_policy(str(tmp_path / "policy"), "prm", layout)
     reader = StepReader.build(layout, prm_tok)  # before: built, then raised in `tokens` on "Answer: 20 "
@@ -161,12 +159,10 @@ def test_a_fresh_prms_tag_stays_its_own_token_after_any_step_ending(tmp_path, ki
 def test_an_init_prm_whose_tokenizer_merges_the_tag_fails_the_preflight(tmp_path):
     """A PRM checkpoint given as `reward_model.init` whose tokenizer holds the tag but merges it with a space
     before it: one preflight error naming the tag, before any work (its scores would be read at the wrong token)."""
-    from models import tiny_policy
-    from tests.tokenizer_cases import smollm2_tokenizer
+    from tests.tokenizer_cases import save_tiny_policy, smollm2_tokenizer
 
-    init, tok = tmp_path / "merging", smollm2_tokenizer()
-    save_model(tiny_policy(tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-                           max_position_embeddings=256, seed=3), tok, init)
+    init = tmp_path / "merging"
+    save_tiny_policy(smollm2_tokenizer(), init)
     cfg = config_from_dict(mini_config(tmp_path, reward_model={"head": "label_tokens", "step_tag": "§",
                                                                "init": str(init)}), check_trl=False)
     assert re.match(rf"reward_model.init: {re.escape(str(init))}: reward_model.step_tag '§' merges with the text "

@@ -68,10 +68,15 @@ def tokenizer_of(kind: str):
     return metaspace_tokenizer()
 
 
+def save_tiny_policy(tok, path) -> None:
+    """A tiny random policy over `tok`, saved at `path`."""
+    save_model(tiny_policy(tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                           max_position_embeddings=256, seed=3), tok, path)
+
+
 def policy_and_prm(tok, root):
     """A tiny random policy over `tok` at root/policy and a PRM on its backbone at root/prm."""
-    save_model(tiny_policy(tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-                           max_position_embeddings=256, seed=3), tok, root / "policy")
+    save_tiny_policy(tok, root / "policy")
     save_model(*reward_model_from_policy(str(root / "policy"), "prm"), root / "prm")
     return root
 
