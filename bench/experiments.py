@@ -48,7 +48,7 @@ import time
 import traceback
 from pathlib import Path
 
-# The same code and seed on another CPU trains to other figures (docs/results-history.md section 8): torch and MKL pick
+# The same code and seed on another CPU trains to other figures (docs/lab/results-history.md section 8): torch and MKL pick
 # their kernels by the CPU's instruction set, and a sum in another order ends elsewhere. Every x86-64 machine
 # here has AVX2, so the units run on its kernels, at 2 threads, and a seed's arms run on two machines compute
 # alike (seen: sft-s0's train loss 0.2598 on an AVX-512 machine pinned to AVX2, as on an AVX2 one; 0.2672 there
@@ -250,7 +250,7 @@ def policy_id(path: Path) -> str:
 
 
 def machine() -> str:
-    """The CPU, its cores and torch: the same code and seed on another machine ends elsewhere (docs/results-history.md §8)."""
+    """The CPU, its cores and torch: the same code and seed on another machine ends elsewhere (docs/lab/results-history.md §8)."""
     import platform
 
     import torch

@@ -4,8 +4,8 @@ Reads `docs/experiments/<unit>.json` (what the runner keeps of each finished arm
 or the run directories of arms still running, and `docs/experiments/prm-study/*.json` (bench/prm_study.py
 `--figures`); writes `docs/results.md` (tables: mean ± sample std over seeds, per-seed values at the end) and the
 PNG plots in `docs/img/`, and logs both to a `summary` run of the MLflow experiment. The verdicts written by hand
-under each section (`**What held ...`) are kept when the report is rebuilt; `docs/results-history.md` is linked,
-never rewritten. The arms, their labels and overrides are the runner's (bench/experiments.py). Run from the
+under each section (`**What held ...`) are kept when the report is rebuilt; `docs/lab/results-history.md` is
+linked, never rewritten. The arms, their labels and overrides are the runner's (bench/experiments.py). Run from the
 repository root; a rebuild needs no `runs/` and takes seconds:
 
   python bench/experiments_report.py            # the same as: python bench/experiments.py --report-only
@@ -32,6 +32,7 @@ RM_ARMS = ("prm", "frozen", "noreplay", "exploit")  # section 2
 SHARE = "policy/process_variance_share"
 # bench/credit_study.py's section of results.md lies between these; a rebuild here keeps it (`keep_study`).
 BEGIN, END = "<!-- credit-study: begin -->", "<!-- credit-study: end -->"
+HISTORY = "lab/results-history.md"  # superseded reports, kept by hand beside the report (relative to --out)
 PLACEHOLDER = "**What held / what did not:** _to be written from the numbers above; the script does not judge them._"
 
 
@@ -213,8 +214,8 @@ def header_section(ex: Experiments, data: dict, command: str, wall: float | None
                   + "): its arms differ from round 0 on, not only by their method."
                   for s, by in mixed_starts(ex, seeds).items())
         # Superseded reports (other code, other machines) are kept by hand beside this one, not rewritten.
-        + (" Earlier measurements, by other code or on other machines: [results-history.md](results-history.md)."
-           if (Path(a.out) / "results-history.md").exists() else ""),
+        + (f" Earlier measurements, by other code or on other machines: [{HISTORY}]({HISTORY})."
+           if (Path(a.out) / HISTORY).exists() else ""),
         "",
         budgets(ex),
         "",

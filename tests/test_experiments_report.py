@@ -169,15 +169,16 @@ def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path)
 
 
 def test_a_rebuilt_report_links_the_history_beside_it_and_leaves_it_as_written(tmp_path):
-    """Superseded reports are kept by hand in results-history.md: a rebuild must point to it, not overwrite it."""
+    """Superseded reports are kept by hand in lab/results-history.md: a rebuild must point to it, not overwrite it."""
     runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
     runs = runner.Experiments(a)
     assert "results-history.md" not in ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
-    history = Path(a.out) / "results-history.md"
+    history = Path(a.out) / "lab" / "results-history.md"
+    history.parent.mkdir(parents=True)
     history.write_text("# Results history\n\nold figures\n")
     text = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
-    assert "[results-history.md](results-history.md)" in text
+    assert "[lab/results-history.md](lab/results-history.md)" in text
     assert history.read_text() == "# Results history\n\nold figures\n"
 
 
