@@ -7,7 +7,7 @@ as `ProcessGRPOTrainer` does (steps on the policy's own tokens, the eos carrying
 x `process_credit`. Each is compared over the tokens in the loss with two references on the same completions:
 
   oracle    the gold step labels through the oracle run's credit (pooled baseline, group scale, sum): what
-            `reward_model.oracle: gold` trains on, and that learns on SmolLM2 (docs/real-models.md)
+            `reward_model.oracle: gold` trains on, and that learns on SmolLM2 (docs/lab/smollm2-arith.md)
   verifier  TRL's outcome advantages (group scale) on every token
 
 by cosine (a proxy for whether the update points the reference's way: the policy gradient is linear in the
