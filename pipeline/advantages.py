@@ -227,9 +227,9 @@ def process_advantages(
 
     `baseline="position"` normalises each step only with the group's steps at the same index j (the j-th
     steps of the G completions), mean and std as above. A PRM whose scores fall with a step's position
-    whatever it says (seen with SmolLM2 on ~100 first-error rows a round, README) gives DeepSeekMath's pooled
-    baseline a fixed schedule, early steps above the mean and the `Answer:` line below it in every
-    completion; per position that prior cancels and only the ranking of the same step across completions
+    whatever it says (seen with SmolLM2 on ~100 first-error rows a round, docs/lab/smollm2-arith.md) gives
+    DeepSeekMath's pooled baseline a fixed schedule, early steps above the mean and the `Answer:` line below it
+    in every completion; per position that prior cancels and only the ranking of the same step across completions
     is left. A step no other completion of the group reaches has no one to compare with: 0.
     Worked example, the same group: index 0 holds [0.5, 0.5, 1] (mean 0.667, std 0.289), index 1 [1, 0]
     (mean 0.5, std 0.707), indices 2 and 3 one step each. Normalised: output 1 [-0.577, 0.707, 0, 0], its

@@ -10,7 +10,7 @@ so that MLflow's run page, whose chart sections are the name's part before the l
 shows them first.
 MLflow also reserves the alias `latest`; `models:/<name>/latest` already resolves to the newest version.
 `connect` gives the experiment MLflow 3's model-training kind tag where nobody chose a kind (MLflow 3.17's UI
-picks its view from its own GenAI / Model training switch instead: README, Tracking).
+picks its view from its own GenAI / Model training switch instead: docs/tracking.md).
 """
 
 from __future__ import annotations

@@ -82,6 +82,8 @@ def test_the_checker_finds_a_missing_file_and_a_missing_anchor(tmp_path):
     page = tmp_path / "a.md"
     (tmp_path / "b.md").write_text("# Title\n\n## 1. Step one (`x.py`)\n\n## Again\n\n## Again\n")
     page.write_text("[ok](b.md#1-step-one-xpy) [dup](b.md#again-1) [self](#top) [web](https://x.org/#y)\n\n"
-                    "```\n[in code](nowhere.md)\n# Not a heading\n```\n\n# Top\n[gone](c.md) [bad](b.md#step-two) ![img](b.png)\n")
-    assert broken_links([page], tmp_path) == ["a.md:9: c.md (no such file)", "a.md:9: b.md#step-two (no such heading in b.md)",
-                     "a.md:9: b.png (no such file)"]
+                    "```\n[in code](nowhere.md)\n# Not a heading\n```\n\n"
+                    "# Top\n[gone](c.md) [bad](b.md#step-two) ![img](b.png)\n")
+    assert broken_links([page], tmp_path) == ["a.md:9: c.md (no such file)",
+                                              "a.md:9: b.md#step-two (no such heading in b.md)",
+                                              "a.md:9: b.png (no such file)"]
