@@ -28,10 +28,10 @@ def cmd_run(args) -> None:
     from pipeline.rundir import refuse_if_locked
 
     refuse_if_locked(cfg.run_dir)
-    for spec in args.redo:  # before the preflight, which refuses a damaged output still recorded
+    if args.redo:  # before the preflight, which refuses a damaged output still recorded
         from pipeline.phases import redo
 
-        print(f"igrpo: --redo {spec}: redoing {', '.join(redo(cfg, spec))}", file=sys.stderr)
+        print(f"igrpo: --redo {', '.join(args.redo)}: redoing {', '.join(redo(cfg, *args.redo))}", file=sys.stderr)
     preflight(cfg)  # fail fast and quietly, before Prefect starts
     if args.stopper:  # stopped at once: no MLflow run left RUNNING, no lock left held
         from flows.signals import ephemeral_server_apart
@@ -67,17 +67,28 @@ def cmd_check(args) -> int:
     return 0
 
 
-def cmd_bootstrap(args) -> None:
-    from pipeline.bootstrap import run_bootstrap
-    from pipeline.rundir import RunDir
+# The single-phase commands run the phase table's own body (`pipeline.phases.PHASES`: the models it loads, where
+# its outputs go, its inputs by name), alone: in this process, outside a run, so no manifest and no MLflow runs
+# (`PhaseRuns()`), and its inputs from the options rather than from what a run recorded.
 
-    cfg = _config(args)
-    out = args.out or RunDir(cfg.run_dir).policy(0)
-    res = run_bootstrap(cfg, out)
-    print(json.dumps({"policy": str(res.policy_path), **res.metrics}, indent=2))
+
+def _alone(cfg: PipelineConfig, phase: str, round_index: int, first: bool = False, **inputs):
+    """Phase `phase`'s body (`first`: what round 0 runs instead) with `inputs`; its `PhaseResult`."""
+    from pipeline.phases import PHASES, PhaseRuns
+
+    body = PHASES[phase].first if first else PHASES[phase].run
+    return body(cfg, PhaseRuns(), round_index=round_index, **inputs)
+
+
+def cmd_bootstrap(args) -> None:
+    res = _alone(_config(args), "policy", 0, first=True, out=args.out)
+    print(json.dumps({"policy": res.path, **res.metrics}, indent=2))
 
 
 def cmd_eval(args) -> None:
+    # Not the eval phase's body: that one reads a run's shard (the hacking monitor's calibration) and the RMs GRPO
+    # trained against, and writes the run's eval.json and plots; `igrpo eval` scores any checkpoint outside a run,
+    # so it calls the body's core, `run_eval_phase`, with what it has.
     from pipeline.eval_phase import run_eval_phase
     from pipeline.tracking import resolve_model_uri
 
@@ -100,31 +111,22 @@ def _kind_paths(pairs: list[str], option: str) -> dict[str, str]:
 
 
 def cmd_grpo(args) -> None:
-    from pipeline.policy import run_policy_phase
-    from pipeline.problems import problem_set_from_config
     from pipeline.rewards import reward_models_needed
     from pipeline.tracking import resolve_model_uri
 
     cfg = _config(args)
     rm = resolve_model_uri(args.reward_model) if args.reward_model else None
-    res = run_policy_phase(
-        cfg, problem_set_from_config(cfg), args.policy, args.out, args.round,
-        reward_models={kind: rm for kind in reward_models_needed(cfg)} if rm else None,
-    )
-    print(json.dumps({"policy": str(res.policy_path), **res.metrics}, indent=2))
+    res = _alone(cfg, "policy", args.round, policy=args.policy, out=args.out,
+                 reward_models={kind: rm for kind in reward_models_needed(cfg)} if rm else None)
+    print(json.dumps({"policy": res.path, **res.metrics}, indent=2))
 
 
 def cmd_collect(args) -> None:
-    from pipeline.collect import run_collection_phase
-    from pipeline.problems import problem_set_from_config
-
-    cfg = _config(args)
-    res = run_collection_phase(cfg, problem_set_from_config(cfg), args.policy, args.run_dir, args.round)
-    print(json.dumps({"shard": str(res.shard_path), **res.metrics}, indent=2))
+    res = _alone(_config(args), "collect", args.round, policy=args.policy, run_dir=args.run_dir)
+    print(json.dumps({"shard": res.path, **res.metrics}, indent=2))
 
 
 def cmd_train_rm(args) -> None:
-    from pipeline.reward_model import run_reward_model_phase
     from pipeline.rundir import RunDir
     from pipeline.tracking import resolve_model_uri
 
@@ -133,14 +135,14 @@ def cmd_train_rm(args) -> None:
     policy = args.policy or run.policy(args.round)
     given = _kind_paths(args.previous, "--previous")
     previous = {}
-    for kind in cfg.reward_model.kinds:
+    for kind in cfg.reward_model.kinds:  # a run's RM phase reads these from its manifest; here, from the folder
         default = run.reward_model(args.round - 1, kind) if args.round > 0 else None
         if given.get(kind):
             previous[kind] = resolve_model_uri(given[kind])
         elif default is not None and default.exists():
             previous[kind] = str(default)
-    res = run_reward_model_phase(cfg, run.root, args.round, policy, previous)
-    print(json.dumps({"paths": {k: str(v) for k, v in res.paths.items()}, **res.metrics}, indent=2))
+    res = _alone(cfg, "reward_model", args.round, policy=policy, previous=previous, run_dir=run.root)
+    print(json.dumps({"paths": res.paths, **res.metrics}, indent=2))
 
 
 def cmd_compare(args) -> None:

@@ -1,9 +1,10 @@
-"""The iterative RL flow: a Prefect subflow per round and a task per phase of `pipeline.phases.PHASES`.
+"""The iterative RL flow: `pipeline.rounds.run_rounds` with a Prefect subflow per round and a task per phase of
+`pipeline.phases.PHASES` as its steps.
 
-Flows only orchestrate: what each phase reads of the earlier ones (Algorithm 1's data flow) is declared in the
-phase table, and `run_phase` reads it from the run directory's manifest and skips what is recorded as done, so
-re-running the flow on a run directory resumes it. Tasks pass a round and a phase's name, never models; the MLflow
-lifecycle of the pipeline's run and each round's is `pipeline.rounds`' context managers.
+Flows only orchestrate: the loop (lock, preflight, run directory, MLflow runs) is `pipeline.rounds`', what each
+phase reads of the earlier ones (Algorithm 1's data flow) is declared in the phase table, and `run_phase` reads it
+from the run directory's manifest and skips what is recorded as done, so re-running the flow on a run directory
+resumes it. Tasks pass a round and a phase's name, never models; this module adds Prefect's retries and artifacts.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from prefect.artifacts import (
 
 from pipeline import rounds, tracking
 from pipeline.config import PipelineConfig
-from pipeline.phases import PHASES, PhaseResult, run_phase
-from pipeline.preflight import preflight
-from pipeline.rundir import run_lock
+from pipeline.phases import PhaseResult
+from pipeline.rounds import run_phase
 
 
 @task(task_run_name="{phase}-round-{round_index}")
@@ -35,8 +35,7 @@ def round_flow(config: dict, round_index: int) -> dict:
     cfg = PipelineConfig.model_validate(config)
     task_ = phase_task.with_options(retries=cfg.orchestration.retries,
                                     retry_delay_seconds=cfg.orchestration.retry_delay_seconds)
-    with rounds.one_round(cfg, round_index):
-        results = {name: task_(config, round_index, name) for name in PHASES}
+    results = rounds.run_round(cfg, round_index, lambda _cfg, r, name: task_(config, r, name))
     figures = {k: v for p in ("eval", "reward_model", "collect") for k, v in results[p].metrics.items()}
     create_table_artifact(
         key=f"round-{round_index}", description=f"Round {round_index}: Pass@K, Maj@K, greedy, RM quality",
@@ -53,16 +52,18 @@ def iterative_rl(config: dict, force: bool = False, checked: bool = False) -> di
     `checked`: the caller ran the preflight already (`igrpo run`), so it is not run twice.
     """
     cfg = PipelineConfig.model_validate(config)
-    if not checked:
-        preflight(cfg)  # bad data, model path or tracking URI: fail before the run directory is touched
-    with run_lock(cfg.run_dir):
-        manifest = rounds.open_run(cfg, force)
-        parent = manifest.data["mlflow"]["parent"]
+    total = cfg.run.rounds + 1
+    progress = None  # made once the run is open: a refused run leaves none
+
+    def opened(parent: str) -> None:
+        nonlocal progress
         create_link_artifact(key="mlflow-run", link=f"{tracking.mlflow.get_tracking_uri()}#/runs/{parent}",
                              description="The pipeline's MLflow parent run")
-        progress = create_progress_artifact(0.0, description=f"Rounds done of {cfg.run.rounds + 1}")
-        with rounds.whole_run(cfg):  # ends the rounds' and the parent's MLflow runs
-            for r in range(cfg.run.rounds + 1):
-                round_flow(config, r)
-                update_progress_artifact(progress, 100.0 * (r + 1) / (cfg.run.rounds + 1))
+        progress = create_progress_artifact(0.0, description=f"Rounds done of {total}")
+
+    def round_step(cfg: PipelineConfig, r: int) -> None:
+        round_flow(config, r)
+        update_progress_artifact(progress, 100.0 * (r + 1) / total)
+
+    parent = rounds.run_rounds(cfg, round_step, force=force, checked=checked, opened=opened)
     return {"run_dir": str(cfg.run_dir), "mlflow_run": parent, "tracking_uri": tracking.mlflow.get_tracking_uri()}

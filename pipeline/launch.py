@@ -3,10 +3,10 @@
 With `launcher.kind: accelerate`, `launch_phase` (in the pipeline's process) writes the config, the
 phase's arguments and its MLflow run ids to a work directory and starts
 
-    python -m accelerate.commands.launch --config_file F [--num_processes N] -m pipeline.phases WORK_DIR
+    python -m accelerate.commands.launch --config_file F [--num_processes N] -m pipeline.rounds WORK_DIR
 
-Every process runs `pipeline.phases.launched`, which calls the same phase function as the in-process path
-(`pipeline.phases.execute`); TRL and transformers' Trainer split the batches and gather what they need. The
+Every process runs `pipeline.rounds.launched`, which calls the same phase function as the in-process path
+(`pipeline.rounds.execute`); TRL and transformers' Trainer split the batches and gather what they need. The
 main process writes the phase's result to `WORK_DIR/result.json` (atomically), which `launch_phase` reads
 back. MLflow: the tracking URI and the experiment travel in the environment, the run ids in the request;
 the main process makes the runs active around the trainers, as the in-process path does, so Trainer's own
@@ -103,7 +103,7 @@ def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_d
     env.pop("MLFLOW_RUN_ID", None)
     if runs.get("run_id"):
         env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(runs["run_id"]).info.experiment_id
-    cmd = launch_command(cfg.launcher, ["-m", "pipeline.phases", str(work_dir)])
+    cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", str(work_dir)])
     run_logged(cmd, work_dir / "launch.log", env, f"the {phase} phase")
     if not result.exists():
         raise LaunchError(f"the {phase} phase exited without writing {result}; see {work_dir / 'launch.log'}")

@@ -1,27 +1,24 @@
-"""The phases of a round as one table, `PHASES`, and `run_phase`, which runs a phase once and records it.
+"""The phases of a round as one table, `PHASES`: each phase's body and how it is run, declared as data.
 
 Each phase is declared: its body, what it reads of the results already recorded (DeepSeekMath's Algorithm 1,
 §4.2, as data flow: round r's GRPO starts from round r-1's policy against round r-1's reward models, and so on),
 what round 0 runs instead (π_0: SFT, or the given model), whether it may run under `accelerate launch`, and how it
 logs to MLflow. Data moves between phases as paths recorded in the manifest, never as objects, so a phase runs
 alone (`igrpo` and a Prefect task alike give only its round and name), and a run resumes at the first phase not
-recorded. Nothing here imports Prefect.
+recorded. The executor that runs a phase once and records it, and the loop over the table, are `pipeline.rounds`.
+Nothing here imports Prefect.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.problems import problem_set_from_config
-from pipeline.rundir import Manifest, RunDir, keep_resumable, phase_key, read_json, stop_if_told
-
-log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
+from pipeline.rundir import Manifest, RunDir, RunDirError, phase_key, read_json, round_of
 
 # --------------------------------------------------------------------------------------- phase records
 
@@ -68,37 +65,42 @@ class PhaseRuns:
 # ------------------------------------------------------------------------------------ the phases' bodies
 
 
-def _bootstrap(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, **_) -> PhaseResult:
+# A body writes where the run directory puts its outputs; `out` / `run_dir` are for `igrpo grpo --out`, `igrpo collect
+# --run-dir` and the like (flows/cli.py), which run the same body on their own, outside a run.
+
+
+def _bootstrap(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, out: str | None = None, **_) -> PhaseResult:
     """π_0: SFT on the gold solutions (or the given model as it is)."""
     from pipeline.bootstrap import run_bootstrap
 
-    res = run_bootstrap(cfg, RunDir(cfg.run_dir).policy(round_index))
+    res = run_bootstrap(cfg, out or RunDir(cfg.run_dir).policy(round_index))
     return PhaseResult(res.metrics, path=str(res.policy_path))
 
 
 def _grpo(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
-          reward_models: dict[str, str]) -> PhaseResult:
+          reward_models: dict[str, str] | None, out: str | None = None) -> PhaseResult:
     """GRPO from `policy` against `reward_models`, the reference model reset to `policy`."""
     from pipeline.policy import run_policy_phase
 
-    res = run_policy_phase(cfg, problem_set_from_config(cfg), policy, RunDir(cfg.run_dir).policy(round_index),
+    res = run_policy_phase(cfg, problem_set_from_config(cfg), policy, out or RunDir(cfg.run_dir).policy(round_index),
                            round_index, reward_models, report_to=runs.report_to)
     return PhaseResult(res.metrics, path=str(res.policy_path))
 
 
-def _collect(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str) -> PhaseResult:
+def _collect(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
+             run_dir: str | None = None) -> PhaseResult:
     from pipeline.collect import run_collection_phase
 
-    res = run_collection_phase(cfg, problem_set_from_config(cfg), policy, cfg.run_dir, round_index)
+    res = run_collection_phase(cfg, problem_set_from_config(cfg), policy, run_dir or cfg.run_dir, round_index)
     return PhaseResult(res.metrics, path=str(res.shard_path))
 
 
 def _reward_model(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
-                  previous: dict[str, str] | None = None) -> PhaseResult:
+                  previous: dict[str, str] | None = None, run_dir: str | None = None) -> PhaseResult:
     from pipeline.reward_model import run_reward_model_phase
 
-    res = run_reward_model_phase(cfg, cfg.run_dir, round_index, policy, previous, report_to=runs.report_to,
-                                 run_context=runs.model)
+    res = run_reward_model_phase(cfg, run_dir or cfg.run_dir, round_index, policy, previous,
+                                 report_to=runs.report_to, run_context=runs.model)
     return PhaseResult(res.metrics, paths={k: str(v) for k, v in res.paths.items()})
 
 
@@ -210,32 +212,47 @@ def recorded_round(cfg: PipelineConfig, r: int) -> dict[str, PhaseResult]:
     return {name: done(r, name) for name in PHASES}
 
 
-def redo(cfg: PipelineConfig, spec: str) -> list[str]:
-    """Forget the recorded phase `spec` (`ROUND/PHASE`: `1/policy` or `round-001/policy`) and every phase after
-    it in run order (the rest of its round, the later rounds: all that read it, directly or not), so that the next
-    `igrpo run` redoes them; returns their keys. Their outputs are rewritten atomically when they are redone."""
-    from pipeline.rundir import RunDirError, round_of
+def redo(cfg: PipelineConfig, *specs: str) -> list[str]:
+    """Forget the recorded phases `specs` (`ROUND/PHASE`: `1/policy` or `round-001/policy`) and every phase after
+    the first of them in run order (the rest of its round, the later rounds: all that read it, directly or not), so
+    that the next `igrpo run` redoes them; returns their keys. Their outputs are rewritten atomically when redone.
 
-    r, _, name = spec.partition("/")
-    r = int(r) if r.isdigit() else round_of(r)
-    if r is None or name not in PHASES:
-        raise RunDirError(f"--redo {spec}: expected ROUND/PHASE, e.g. 1/policy or round-001/collect; phases: "
-                          f"{', '.join(PHASES)}")
+    Every request is checked before anything is written: one that cannot apply (malformed, a round past
+    `run.rounds`, no run yet, a phase not recorded) is a RunDirError saying why.
+    """
+    points = {spec: _redo_point(cfg, spec) for spec in specs}
+    if not RunDir(cfg.run_dir).manifest.exists():
+        raise RunDirError(f"--redo {specs[0]}: {cfg.run_dir} has no run yet (no manifest.json); "
+                          "`igrpo run` without --redo starts it")
     manifest = Manifest.load(cfg.run_dir)
-    if not manifest.done(r, name):
-        raise RunDirError(f"--redo {spec}: {phase_key(r, name)} is not recorded done in {manifest.path}: "
-                          "`igrpo run` runs it anyway")
+    for spec, (r, name) in points.items():
+        if not manifest.done(r, name):
+            raise RunDirError(f"--redo {spec}: {phase_key(r, name)} is not recorded done in {manifest.path}: "
+                              "`igrpo run` runs it anyway")
     order = list(PHASES)
 
     def position(key: str) -> tuple[int, int]:
         round_part, _, phase = key.partition("/")
         return round_of(round_part) or 0, order.index(phase) if phase in order else len(order)
 
-    dropped = [key for key in manifest.data["phases"] if position(key) >= (r, order.index(name))]
+    first = min((r, order.index(name)) for r, name in points.values())
+    dropped = [key for key in manifest.data["phases"] if position(key) >= first]
     for key in dropped:
         del manifest.data["phases"][key]
     manifest.save()
     return dropped
+
+
+def _redo_point(cfg: PipelineConfig, spec: str) -> tuple[int, str]:
+    """The round and phase of a `--redo` request, checked against the config (not yet the run directory)."""
+    r, _, name = spec.partition("/")
+    r = int(r) if r.isdigit() else round_of(r)
+    if r is None or name not in PHASES:
+        raise RunDirError(f"--redo {spec}: expected ROUND/PHASE, e.g. 1/policy or round-001/collect; phases: "
+                          f"{', '.join(PHASES)}")
+    if r > cfg.run.rounds:
+        raise RunDirError(f"--redo {spec}: round {r} is past run.rounds ({cfg.run.rounds}): nothing to redo there")
+    return r, name
 
 
 def key_figures(metrics: dict[str, float], figures: tuple[str, ...]) -> dict[str, float]:
@@ -259,116 +276,3 @@ def phase_line(round_index: int, name: str, seconds: float, metrics: dict[str, f
     shown = "  ".join(f"{k} {int(v) if float(v).is_integer() and abs(v) >= 2 else f'{v:.3f}'}"
                       for k, v in key_figures(metrics, PHASES[name].figures).items())
     return f"round {round_index}  {name:<13}{seconds:5.0f}s  {shown}"
-
-
-# ------------------------------------------------------------------------------------------ one phase
-
-
-def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> PhaseResult:
-    """Run phase `name` of round `round_index` unless the manifest records it done; record and return it.
-
-    `inputs`: its arguments (paths); by default what its declaration reads of the recorded results.
-    """
-    manifest = Manifest.load(cfg.run_dir)
-    if manifest.done(round_index, name):
-        log.info("round %d  %-13s done before: skipped", round_index, name)
-        return PhaseResult.from_manifest(manifest.output(round_index, name))
-    stop_if_told()
-    phase = PHASES[name]
-    inputs = inputs or phase.inputs(recorded(cfg, manifest), round_index)  # the manifest read above, not again
-    runs = phase_runs(manifest, cfg, round_index, phase)
-    start = time.monotonic()
-    kwargs = {"round_index": round_index, **inputs}
-    try:
-        with tracking.scope(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
-            if phase.launchable and cfg.launcher.kind == "accelerate" and phase.body(round_index) is phase.run:
-                from pipeline.launch import launch_phase
-
-                work = RunDir(cfg.run_dir).launch(round_index, name)
-                result = PhaseResult.from_manifest(launch_phase(cfg, name, kwargs, work, dataclasses.asdict(runs)))
-            else:
-                result = execute(cfg, name, runs, kwargs)
-            stop_if_told()  # told to stop while it ran and it finished all the same: not recorded, a resume redoes it
-            if phase.registers:
-                result = dataclasses.replace(result, versions=_register(cfg, runs, round_index,
-                                                                        phase.registers(cfg, result)))
-            tracking.log_metrics(runs.run_id, result.metrics)
-            tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
-    except BaseException:
-        # Checkpoints and finished batches stay for the next attempt (`pipeline.resume`); nothing half-written does.
-        keep_resumable(RunDir(cfg.run_dir).round(round_index))
-        raise
-    manifest = Manifest.load(cfg.run_dir)
-    manifest.record(round_index, name, result.to_manifest())
-    log.info("%s", phase_line(round_index, name, time.monotonic() - start, result.metrics))
-    return result
-
-
-def execute(cfg: PipelineConfig, name: str, runs: PhaseRuns, kwargs: dict) -> PhaseResult:
-    """A phase's body in this process (the pipeline's, or each process of `accelerate launch`)."""
-    with runs.active():
-        return PHASES[name].body(kwargs["round_index"])(cfg, runs, **kwargs)
-
-
-def _register(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, paths: dict[str, str]) -> dict[str, str]:
-    """Each checkpoint in `paths` (kind -> path) as a version of `<experiment>-<kind>`, alias `round-<r>`."""
-    return {kind: tracking.register_checkpoint(runs.run_id, path, f"{cfg.tracking.experiment}-{kind}", round_index,
-                                               runs.pipeline) for kind, path in paths.items()}
-
-
-def phase_runs(manifest: Manifest, cfg: PipelineConfig, round_index: int, phase: Phase) -> PhaseRuns:
-    """The phase's MLflow runs (below the round's, below the pipeline's), created once and reused on resume."""
-    pipeline = manifest.data["mlflow"]["parent"]
-    tags = {"round": str(round_index)}
-    round_run = ensure_run(manifest, phase_key(round_index), pipeline, tags)
-    tags["phase"] = phase.name
-    run_id = ensure_run(manifest, phase_key(round_index, phase.name), round_run, tags)
-    kinds = phase.models(cfg, round_index) if phase.models else []
-    models = {kind: ensure_run(manifest, phase_key(round_index, phase.name, kind), run_id, tags) for kind in kinds}
-    return PhaseRuns(run_id, models, pipeline)
-
-
-def ensure_run(manifest: Manifest, key: str, parent: str, tags: dict) -> str:
-    """The MLflow run the manifest records under `key`, created (below `parent`) and recorded if it has none."""
-    run_id = manifest.mlflow_run(key)
-    if run_id is None or not tracking.run_exists(run_id):
-        run_id = tracking.find_or_create_run(manifest.data["experiment_id"], manifest.slot(key),
-                                             key.replace("/", "-"), parent, tags)
-        manifest.set_mlflow_run(key, run_id)
-    return run_id
-
-
-def launched(argv: list[str] | None = None) -> None:
-    """Each process of `accelerate launch` (`pipeline.launch.launch_phase`): `python -m pipeline.phases WORK_DIR`.
-
-    Runs the phase's body as the pipeline's process would (`execute`); the main process writes its result.
-    """
-    import contextlib
-    import os
-    import sys
-    from pathlib import Path
-
-    from pipeline.loading import config_from_dict
-    from pipeline.rundir import write_json_atomic
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m pipeline.phases WORK_DIR (started by pipeline.launch.launch_phase)")
-    work_dir = Path(argv[0])
-    request = read_json(work_dir / "request.json")
-    cfg = config_from_dict(request["config"], check_trl=False)  # checked in full by the parent
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    # Only the main process logs: its runs are made active around the trainers, as in the pipeline's process.
-    runs = PhaseRuns(**request["runs"], logging=main_process)
-    result = execute(cfg, request["phase"], runs, request["kwargs"])
-    if main_process:
-        write_json_atomic(work_dir / "result.json", result.to_manifest())
-    with contextlib.suppress(Exception):  # the group may already be gone; nothing is left to synchronise
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    launched()

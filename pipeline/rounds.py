@@ -1,30 +1,65 @@
 """A whole run: DeepSeekMath's Algorithm 1 (§4.2, iterative RL), rounds 0..`run.rounds` of the phase table
-(`pipeline.phases.PHASES`: policy -> collect -> reward_model -> eval), and its run directory and MLflow runs.
+(`pipeline.phases.PHASES`: policy -> collect -> reward_model -> eval), and the executor that runs a phase once and
+records it.
 
-`open_run` creates or reattaches the run directory's manifest and the pipeline's MLflow run; `whole_run` and
-`one_round` are the MLflow lifecycle of the pipeline's run and a round's run, as context managers; `run_rounds`
-is the loop without Prefect (the flow, `flows/iterative.py`, is the same loop with a subflow per round and a task
-per phase). Each phase skips itself when the manifest records it done, so running the rounds again resumes.
+`run_rounds` is the loop, the one every caller runs: `igrpo run` and the Prefect flow (`flows/iterative.py`, which
+passes a subflow per round and a task per phase as its steps), tests and scripts (with the default steps, in this
+process). `open_run` creates or reattaches the run directory's manifest and the pipeline's MLflow run; `whole_run`
+and `one_round` are the MLflow lifecycle of the pipeline's run and a round's run, as context managers; `run_phase`
+runs one phase unless the manifest records it done, so running the rounds again resumes. Each process of
+`accelerate launch` runs a launchable phase's body here too (`launched`: `python -m pipeline.rounds WORK_DIR`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
 
 from pipeline import tracking
 from pipeline.config import PipelineConfig
-from pipeline.phases import PHASES, ensure_run, run_phase
-from pipeline.preflight import refuse_changed_config
-from pipeline.rundir import Manifest, phase_key
+from pipeline.phases import PHASES, Phase, PhaseResult, PhaseRuns, phase_line, recorded
+from pipeline.preflight import preflight, refuse_changed_config
+from pipeline.rundir import Manifest, RunDir, keep_resumable, phase_key, read_json, run_lock, stop_if_told
+
+log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
+
+PhaseStep = Callable[[PipelineConfig, int, str], PhaseResult]  # (cfg, round, phase name) -> its result
+RoundStep = Callable[[PipelineConfig, int], object]  # (cfg, round): runs the round's phases
+
+# ------------------------------------------------------------------------------------------ the loop
 
 
-def run_rounds(cfg: PipelineConfig) -> None:
-    """Rounds 0..`run.rounds`, each phase of the table in order, in this process (`open_run` first)."""
-    with whole_run(cfg):
-        for r in range(cfg.run.rounds + 1):
-            with one_round(cfg, r):
-                for name in PHASES:
-                    run_phase(cfg, r, name)
+def run_rounds(cfg: PipelineConfig, round_step: RoundStep | None = None, *, force: bool = False,
+               checked: bool = False, opened: Callable[[str], None] | None = None) -> str:
+    """Rounds 0..`run.rounds`, each by `round_step(cfg, r)` (default `run_round`: its phases in this process),
+    under the run directory's lock and inside the pipeline's MLflow run; returns that run's id.
+
+    Args:
+        force: resume even though the config changed (`open_run`).
+        checked: the caller ran the preflight already (`igrpo run`, before Prefect starts); else it runs here,
+            before the run directory is touched.
+        opened: called with the pipeline's MLflow run id once the run is open (the flow's link to it).
+    """
+    if not checked:
+        preflight(cfg)  # bad data, model path or tracking URI: fail before the run directory is touched
+    with run_lock(cfg.run_dir):
+        parent = open_run(cfg, force).data["mlflow"]["parent"]
+        if opened:
+            opened(parent)
+        with whole_run(cfg):  # ends the rounds' and the parent's MLflow runs
+            for r in range(cfg.run.rounds + 1):
+                (round_step or run_round)(cfg, r)
+    return parent
+
+
+def run_round(cfg: PipelineConfig, r: int, phase_step: PhaseStep | None = None) -> dict[str, PhaseResult]:
+    """Round r: each phase of the table in order by `phase_step(cfg, r, name)` (default `run_phase`, in this
+    process), inside the round's MLflow run."""
+    with one_round(cfg, r):
+        return {name: (phase_step or run_phase)(cfg, r, name) for name in PHASES}
 
 
 @contextlib.contextmanager
@@ -93,3 +128,116 @@ def abandon(cfg: PipelineConfig) -> None:
 
     end_running(cfg, "KILLED")
     release_lock(cfg.run_dir)
+
+
+# ------------------------------------------------------------------------------------------ one phase
+
+
+def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> PhaseResult:
+    """Run phase `name` of round `round_index` unless the manifest records it done; record and return it.
+
+    `inputs`: its arguments (paths); by default what its declaration reads of the recorded results.
+    """
+    manifest = Manifest.load(cfg.run_dir)
+    if manifest.done(round_index, name):
+        log.info("round %d  %-13s done before: skipped", round_index, name)
+        return PhaseResult.from_manifest(manifest.output(round_index, name))
+    stop_if_told()
+    phase = PHASES[name]
+    inputs = inputs or phase.inputs(recorded(cfg, manifest), round_index)  # the manifest read above, not again
+    runs = phase_runs(manifest, cfg, round_index, phase)
+    start = time.monotonic()
+    kwargs = {"round_index": round_index, **inputs}
+    try:
+        with tracking.scope(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
+            if phase.launchable and cfg.launcher.kind == "accelerate" and phase.body(round_index) is phase.run:
+                from pipeline.launch import launch_phase
+
+                work = RunDir(cfg.run_dir).launch(round_index, name)
+                result = PhaseResult.from_manifest(launch_phase(cfg, name, kwargs, work, dataclasses.asdict(runs)))
+            else:
+                result = execute(cfg, name, runs, kwargs)
+            stop_if_told()  # told to stop while it ran and it finished all the same: not recorded, a resume redoes it
+            if phase.registers:
+                result = dataclasses.replace(result, versions=_register(cfg, runs, round_index,
+                                                                        phase.registers(cfg, result)))
+            tracking.log_metrics(runs.run_id, result.metrics)
+            tracking.log_metrics(runs.pipeline, result.metrics, step=round_index)  # cross-round curves
+    except BaseException:
+        # Checkpoints and finished batches stay for the next attempt (`pipeline.resume`); nothing half-written does.
+        keep_resumable(RunDir(cfg.run_dir).round(round_index))
+        raise
+    manifest = Manifest.load(cfg.run_dir)
+    manifest.record(round_index, name, result.to_manifest())
+    log.info("%s", phase_line(round_index, name, time.monotonic() - start, result.metrics))
+    return result
+
+
+def execute(cfg: PipelineConfig, name: str, runs: PhaseRuns, kwargs: dict) -> PhaseResult:
+    """A phase's body in this process (the pipeline's, or each process of `accelerate launch`)."""
+    with runs.active():
+        return PHASES[name].body(kwargs["round_index"])(cfg, runs, **kwargs)
+
+
+def _register(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, paths: dict[str, str]) -> dict[str, str]:
+    """Each checkpoint in `paths` (kind -> path) as a version of `<experiment>-<kind>`, alias `round-<r>`."""
+    return {kind: tracking.register_checkpoint(runs.run_id, path, f"{cfg.tracking.experiment}-{kind}", round_index,
+                                               runs.pipeline) for kind, path in paths.items()}
+
+
+def phase_runs(manifest: Manifest, cfg: PipelineConfig, round_index: int, phase: Phase) -> PhaseRuns:
+    """The phase's MLflow runs (below the round's, below the pipeline's), created once and reused on resume."""
+    pipeline = manifest.data["mlflow"]["parent"]
+    tags = {"round": str(round_index)}
+    round_run = ensure_run(manifest, phase_key(round_index), pipeline, tags)
+    tags["phase"] = phase.name
+    run_id = ensure_run(manifest, phase_key(round_index, phase.name), round_run, tags)
+    kinds = phase.models(cfg, round_index) if phase.models else []
+    models = {kind: ensure_run(manifest, phase_key(round_index, phase.name, kind), run_id, tags) for kind in kinds}
+    return PhaseRuns(run_id, models, pipeline)
+
+
+def ensure_run(manifest: Manifest, key: str, parent: str, tags: dict) -> str:
+    """The MLflow run the manifest records under `key`, created (below `parent`) and recorded if it has none."""
+    run_id = manifest.mlflow_run(key)
+    if run_id is None or not tracking.run_exists(run_id):
+        run_id = tracking.find_or_create_run(manifest.data["experiment_id"], manifest.slot(key),
+                                             key.replace("/", "-"), parent, tags)
+        manifest.set_mlflow_run(key, run_id)
+    return run_id
+
+
+def launched(argv: list[str] | None = None) -> None:
+    """Each process of `accelerate launch` (`pipeline.launch.launch_phase`): `python -m pipeline.rounds WORK_DIR`.
+
+    Runs the phase's body as the pipeline's process would (`execute`); the main process writes its result.
+    """
+    import contextlib
+    import os
+    import sys
+    from pathlib import Path
+
+    from pipeline.loading import config_from_dict
+    from pipeline.rundir import write_json_atomic
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m pipeline.rounds WORK_DIR (started by pipeline.launch.launch_phase)")
+    work_dir = Path(argv[0])
+    request = read_json(work_dir / "request.json")
+    cfg = config_from_dict(request["config"], check_trl=False)  # checked in full by the parent
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    # Only the main process logs: its runs are made active around the trainers, as in the pipeline's process.
+    runs = PhaseRuns(**request["runs"], logging=main_process)
+    result = execute(cfg, request["phase"], runs, request["kwargs"])
+    if main_process:
+        write_json_atomic(work_dir / "result.json", result.to_manifest())
+    with contextlib.suppress(Exception):  # the group may already be gone; nothing is left to synchronise
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    launched()

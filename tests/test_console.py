@@ -130,13 +130,13 @@ def test_phase_line_shows_the_phase_and_its_key_figures():
 
 
 def test_a_phase_done_before_is_one_skip_line(tmp_path, caplog):
-    from pipeline.phases import run_phase
+    from pipeline.rounds import run_phase
     from pipeline.rundir import Manifest, RunDir
 
     cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
     shard = str(RunDir(cfg.run_dir).shard(0))
     Manifest(cfg.run_dir, {"config": {}, "phases": {}, "mlflow": {}}).record(0, "collect", {"metrics": {}, "path": shard})
-    with caplog.at_level("INFO", logger="pipeline.phases"):
+    with caplog.at_level("INFO", logger="pipeline.rounds"):
         assert run_phase(cfg, 0, "collect").path == shard
     assert [r.getMessage() for r in caplog.records] == ["round 0  collect       done before: skipped"]
 

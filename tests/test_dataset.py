@@ -356,7 +356,6 @@ def test_two_rounds_on_the_fixture_split_steps_by_paragraph(tmp_path, mlflow_tmp
         eval={"num_problems": 4, "samples_per_problem": 2, "max_new_tokens": 32, "best_of_n": [2]},
         tracking={"tracking_uri": mlflow_tmp, "experiment": "dataset"})
     cfg = config_from_dict(data)
-    rounds.open_run(cfg)
     rounds.run_rounds(cfg)
 
     run, manifest = RunDir(cfg.run_dir), Manifest.load(cfg.run_dir)

@@ -211,7 +211,6 @@ def test_two_rounds_with_every_registered_component(registered, tmp_path, mlflow
                       "train_args": {"learning_rate": 1e-3, "num_train_epochs": 1, "per_device_train_batch_size": 8}},
         tracking={"tracking_uri": mlflow_tmp, "experiment": "extending"})
     cfg = config_from_dict(data)
-    rounds.open_run(cfg)
     rounds.run_rounds(cfg)
 
     run = RunDir(cfg.run_dir)

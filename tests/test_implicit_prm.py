@@ -250,7 +250,6 @@ def test_two_rounds_of_process_supervision_from_the_implicit_prm(tmp_path, mlflo
                        reward_model={"kinds": ["implicit"], "implicit_online_lr": 1e-5},  # PRIME's update too
                        tracking={"tracking_uri": mlflow_tmp})
     cfg = config_from_dict(data)
-    rounds.open_run(cfg)
     rounds.run_rounds(cfg)
 
     run, manifest = RunDir(cfg.run_dir), Manifest.load(cfg.run_dir)

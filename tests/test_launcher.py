@@ -44,10 +44,10 @@ def test_relative_config_file_resolves_from_the_repo_when_not_in_the_working_dir
     monkeypatch.chdir(tmp_path)  # configs/ is not here: the path is found beside the package
     cfg = config_from_dict({"launcher": {"kind": "accelerate", "config_file": CPU_2PROC, "num_processes": 3,
                                          "extra_args": ["--main_process_port", "0"]}}, check_trl=False)
-    cmd = launch_command(cfg.launcher, ["-m", "pipeline.phases", "WORK"])
+    cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", "WORK"])
     assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert cmd[3:] == ["--config_file", str(ROOT / CPU_2PROC), "--num_processes", "3", "--main_process_port", "0",
-                       "-m", "pipeline.phases", "WORK"]
+                       "-m", "pipeline.rounds", "WORK"]
 
 
 @pytest.mark.parametrize("name", ["cpu_2proc", "multi_gpu", "zero2", "zero3"])
@@ -174,7 +174,7 @@ def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_r
                                                                                      mini_models):
     import mlflow
 
-    from pipeline.phases import run_phase
+    from pipeline.rounds import run_phase
     from pipeline.rundir import Manifest
 
     monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
@@ -208,7 +208,7 @@ def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_
                                                                           mini_models):
     import mlflow
 
-    from pipeline.phases import run_phase
+    from pipeline.rounds import run_phase
     from pipeline.replay import write_shard
     from pipeline.rundir import Manifest, RunDir
 

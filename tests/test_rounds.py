@@ -237,7 +237,7 @@ def test_a_kill_after_an_mlflow_run_is_created_but_not_recorded_does_not_double_
     from mlflow import MlflowClient
 
     from pipeline import tracking
-    from pipeline.phases import phase_runs
+    from pipeline.rounds import phase_runs
 
     cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
     client = MlflowClient(cfg.tracking.tracking_uri)

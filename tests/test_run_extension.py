@@ -159,19 +159,49 @@ def test_a_phase_stopped_anywhere_leaves_no_trainer_scratch(tmp_path, mlflow_tmp
     # Seen in the stop-and-resume chain: a SIGTERM in round 0's reward_model left round-000/reward_model/.trainer-prm
     # (a Trainer makes its output_dir as it is built, before `train_resumable` claims it): one without a checkpoint
     # holds nothing to resume and goes (`keep_resumable`).
-    from pipeline import phases
-    from pipeline.rounds import open_run
+    from pipeline import rounds
     from pipeline.rundir import RunDir
 
     cfg = config_from_dict(mini_config(tmp_path, tracking={"tracking_uri": mlflow_tmp}), check_trl=False)
-    open_run(cfg).record(0, "policy", {"metrics": {}, "path": "p0"})
+    rounds.open_run(cfg).record(0, "policy", {"metrics": {}, "path": "p0"})
     scratch = RunDir(cfg.run_dir).reward_model(0, "prm").parent / ".trainer-prm"
 
     def built_then_stopped(*args, **kwargs):
         scratch.mkdir(parents=True)  # as Trainer.__init__ does
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(phases, "execute", built_then_stopped)
+    monkeypatch.setattr(rounds, "execute", built_then_stopped)
     with pytest.raises(KeyboardInterrupt):
-        phases.run_phase(cfg, 0, "reward_model", policy="p0", previous=None)
+        rounds.run_phase(cfg, 0, "reward_model", policy="p0", previous=None)
     assert not scratch.exists() and not Manifest.load(cfg.run_dir).done(0, "reward_model")
+
+
+def test_a_redo_that_cannot_apply_is_one_sentence_before_anything_is_written(tmp_path, tiny_policy_dir, capsys):
+    """Issue 49: `igrpo run CONFIG --redo 7/collect` on a run directory not made yet said `[Errno 2] No such file or
+    directory: '.../manifest.json'`. Each request that cannot apply (no run yet, a round past run.rounds, a phase
+    not recorded, a malformed spec) is one sentence saying why, and nothing is written, also when it is the second
+    of two requests and the first alone would apply."""
+    from flows.cli import main
+
+    def igrpo_run(data, *specs):
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+        capsys.readouterr()
+        rc = main(["run", str(tmp_path / "run.yaml"), *[f"--redo={s}" for s in specs]])
+        return rc, capsys.readouterr().err
+
+    data = mini_config(tmp_path)
+    run_dir = Path(data["run"]["runs_dir"]) / "mini"
+    rc, err = igrpo_run(data, "1/collect")
+    assert rc == 2 and err == f"igrpo: error: --redo 1/collect: {run_dir} has no run yet (no manifest.json); " \
+                              "`igrpo run` without --redo starts it\n", err
+    assert not run_dir.exists()
+    data, run = _recorded_run(tmp_path, tiny_policy_dir)
+    before = read_json(run.manifest)
+    for spec, why in (("7/collect", "round 7 is past run.rounds (2): nothing to redo there"),
+                      ("0/reward_model", "round-000/reward_model is not recorded done"),
+                      ("0/bogus", "expected ROUND/PHASE"), ("-1/policy", "expected ROUND/PHASE"),
+                      ("policy", "expected ROUND/PHASE")):
+        rc, err = igrpo_run(data, "0/collect", spec)
+        assert rc == 2 and err.startswith(f"igrpo: error: --redo {spec}: ") and why in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert read_json(run.manifest) == before  # the first request, which alone applies, dropped nothing
