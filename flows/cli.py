@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.loading import load_config
+from pipeline.registry import PluginError, load_plugins
 
 
 def _config(args) -> PipelineConfig:
@@ -250,8 +251,9 @@ def main(argv: list[str] | None = None, console: bool | None = None) -> int:
 
 def _run_command(args) -> int:
     try:
+        load_plugins()  # before any config is read: it may name what a plugin registers
         return args.func(args) or 0
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, PluginError) as e:
         print(f"igrpo: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:

@@ -20,6 +20,7 @@ from prefect.artifacts import (
 from pipeline import rounds, tracking
 from pipeline.config import PipelineConfig
 from pipeline.phases import PhaseResult
+from pipeline.registry import load_plugins
 from pipeline.rounds import run_phase
 
 
@@ -51,6 +52,7 @@ def iterative_rl(config: dict, force: bool = False, checked: bool = False) -> di
 
     `checked`: the caller ran the preflight already (`igrpo run`), so it is not run twice.
     """
+    load_plugins()  # a deployment's run starts in a Prefect worker's process of its own
     cfg = PipelineConfig.model_validate(config)
     total = cfg.run.rounds + 1
     progress = None  # made once the run is open: a refused run leaves none

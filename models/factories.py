@@ -329,9 +329,8 @@ def rm_head(kind: str, layout=None):
 
     from pipeline.rm_kinds import RM_KINDS, prm_head
 
-    if kind not in RM_KINDS:
-        raise ValueError(f"reward model kind must be one of {sorted(RM_KINDS)}, got {kind!r}")
-    return getattr(transformers, prm_head(layout.head).model_class if layout else RM_KINDS[kind].head)
+    entry = RM_KINDS[kind]  # an unknown kind: the registry's error, listing the known ones
+    return getattr(transformers, prm_head(layout.head).model_class if layout else entry.head)
 
 
 def _head_kwargs(layout) -> dict:

@@ -18,7 +18,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from pipeline import problems as problem_sets
 from pipeline.modes import MODES, step_reward_modes, supervision_mode
 from pipeline.problems import PROBLEM_SETS
 from pipeline.rewards import reward_spec
@@ -80,6 +79,12 @@ class PolicyConfig(Section):
 
 
 class _ProblemsSection(Section):
+    @field_validator("kind", check_fields=False)
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        PROBLEM_SETS[v]  # an unknown one: the registry's error, listing the known ones
+        return v
+
     @model_validator(mode="after")
     def _selected_set_builds(self):
         getattr(self, self.kind).check_selected()  # only the chosen set's section must be complete
@@ -98,7 +103,7 @@ def _problems_config() -> type[Section]:
     return create_model(
         "ProblemsConfig",
         __base__=_ProblemsSection,
-        kind=(Literal[tuple(PROBLEM_SETS)], Field("arithmetic", description="Which problem set.")),
+        kind=(str, Field("arithmetic", description="Which problem set.")),
         **{kind: (p.config, Field(default_factory=p.config, description=p.description))
            for kind, p in PROBLEM_SETS.items()},
         prompt_format=(Literal["chat", "plain"] | None, Field(None, description=(
@@ -329,9 +334,8 @@ class RewardModelConfig(Section):
     @field_validator("kinds")
     @classmethod
     def _known_kinds(cls, v: list[str]) -> list[str]:
-        unknown = [kind for kind in v if kind not in RM_KINDS]
-        if unknown:
-            raise ValueError(f"unknown reward model kind {unknown[0]!r}; known: {', '.join(RM_KINDS)}")
+        for kind in v:
+            RM_KINDS[kind]  # an unknown one: the registry's error, listing the known ones
         return v
 
     @field_validator("model")
@@ -592,7 +596,7 @@ class PipelineConfig(Section):
 
 
 def _problem_set_registered() -> None:
-    """A problem set added to the table (`pipeline.problems.register_problem_set`) gets its `problems.<kind>`
+    """A problem set added to the table (`pipeline.problems.PROBLEM_SETS.register`) gets its `problems.<kind>`
     section and its `problems.kind` choice: the `problems:` model is made again and `PipelineConfig` rebuilt."""
     global ProblemsConfig
     ProblemsConfig = _problems_config()
@@ -600,7 +604,7 @@ def _problem_set_registered() -> None:
     PipelineConfig.model_rebuild(force=True)
 
 
-problem_sets.ON_REGISTER.append(_problem_set_registered)
+PROBLEM_SETS.on_register.append(_problem_set_registered)
 
 
 _WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}  # the setting that needs no extra

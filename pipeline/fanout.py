@@ -24,6 +24,7 @@ from typing import Any
 
 from pipeline.config import CollectConfig
 from pipeline.generation import Batch, Samples, assemble, generate_batches, load_sampling_model, plan_batches, sample
+from pipeline.registry import load_plugins
 
 # sampler(prompts, n, seed=..., desc=...) -> Samples: what the collection phase generates with.
 Sampler = Callable[..., Samples]
@@ -65,6 +66,7 @@ def generate_shard(
     opts: dict[str, Any],
 ):
     """Generate one shard of a batch plan with the policy at `path` (the body of the Prefect task)."""
+    load_plugins()  # a Ray worker is a process of its own
     model, tokenizer = _worker_model(path, backend, json.dumps(vllm_args, sort_keys=True), stamp)
     return generate_batches(model, tokenizer, prompts, batches, **opts)
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.passthrough import check_passthrough
+from pipeline.registry import load_plugins
 
 
 class _Loader(yaml.SafeLoader):
@@ -107,6 +108,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def config_from_dict(data: dict, overrides: list[str] | None = None, check_trl: bool = True) -> PipelineConfig:
+    load_plugins()  # a config may name what a plugin registers (an RM kind, a mode, a problem set)
     data = apply_overrides(copy.deepcopy(data or {}), overrides or [])  # the caller's dict stays as it was
     try:
         cfg = PipelineConfig.model_validate(data)

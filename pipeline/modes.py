@@ -5,7 +5,7 @@ A mode says whether GRPO scores each step (a PRM, or the oracle's gold labels), 
 advantage is its starting point, which reward functions it reads, which `grpo:` fields it replaces, which
 `supervision.*` fields it reads, and how it turns those into the advantages (`advantages`: a pure function of
 tensors, `pipeline.advantages`). Torch-free: the config imports it, the tensor math is imported when a trainer
-calls it. A new mode is one function and one `register_mode` call (docs/extending.md).
+calls it. A new mode is one function and one `MODES.register(NAME, ...)` call (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pipeline.registry import Registry
 
 # Every mode: TRL's `reward_weights` is set by the pipeline from `supervision.rewards`.
 _REWARD_WEIGHTS = "set by the pipeline from supervision.rewards; set that instead"
@@ -95,7 +97,7 @@ def _verifier_only(supervision) -> None:
 
 _STEP_FIELDS = ("process_credit", "process_baseline", "process_centring", "process_reward", "process_reward_model")
 
-MODES: dict[str, SupervisionMode] = {
+MODES: Registry[SupervisionMode] = Registry("supervision mode", SupervisionMode, {
     "outcome": SupervisionMode(
         "one scalar per completion from supervision.rewards (verifier, ORM, a weighted mix), group-normalised "
         "by TRL, the same advantage on every token",
@@ -119,18 +121,11 @@ MODES: dict[str, SupervisionMode] = {
                   "no group baseline and no scaling (DeepSeekMath §5.2.1); remove it, or use mode outcome or process",
                   "multi_objective_aggregation": "not used in process or rft mode: it combines reward functions "
                   "into TRL's outcome advantages, which these modes replace; remove it"}),
-}
-
-
-def register_mode(name: str, mode: SupervisionMode) -> None:
-    """Add a supervision mode: `supervision.mode: NAME` then selects it everywhere."""
-    MODES[name] = mode
+})
 
 
 def supervision_mode(name: str) -> SupervisionMode:
-    """The table entry of `name`; an unknown name is a ValueError listing the known ones."""
-    if name not in MODES:
-        raise ValueError(f"unknown supervision mode {name!r}; known: {', '.join(MODES)}")
+    """The table entry of `name` (an unknown one: the registry's error, listing the known ones)."""
     return MODES[name]
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.problems import problem_set_from_config
+from pipeline.registry import Registry
 from pipeline.rundir import Manifest, RunDir, RunDirError, phase_key, read_json, round_of
 
 # --------------------------------------------------------------------------------------- phase records
@@ -167,7 +168,9 @@ def _grpo_inputs(done: Done, r: int) -> dict:
     return {"policy": before.path, "reward_models": _paths(done(r - 1, "reward_model"))} if before else {}
 
 
-PHASES: dict[str, Phase] = {p.name: p for p in (
+# In run order; `PHASES.register(NAME, after="collect", run=..., inputs=...)` puts a phase in every round, recorded
+# in the manifest as the others (a resumed run skips it once done).
+PHASES: Registry[Phase] = Registry("phase", Phase, {p.name: p for p in (
     # π_r: GRPO from π_{r-1} against round r-1's RMs, the reference model reset to π_{r-1}; π_0 by SFT.
     Phase("policy", _grpo, _grpo_inputs, first=_bootstrap, launchable=True, registers=_policy_checkpoint,
           figures=("sft/train_loss", "policy/reward_start", "policy/reward_end",
@@ -187,16 +190,7 @@ PHASES: dict[str, Phase] = {p.name: p for p in (
         "shard": done(r, "collect").path,
         "trained_against": _paths(done(r - 1, "reward_model")) or done(r, "reward_model").paths},
           figures=("eval/greedy", "eval/pass@1", "eval/maj@K", "eval/pass@K")),
-)}
-
-
-def register_phase(phase: Phase, after: str | None = None) -> None:
-    """Add a phase to every round, after phase `after` (default: last); its outputs are recorded as the others'."""
-    names = list(PHASES)
-    names.insert(names.index(after) + 1 if after else len(names), phase.name)
-    table = {**PHASES, phase.name: phase}
-    PHASES.clear()
-    PHASES.update({name: table[name] for name in names})
+)}, name_field="name")
 
 
 def recorded(cfg: PipelineConfig, manifest: Manifest | None = None) -> Done:

@@ -10,7 +10,7 @@ an error naming the function and the sample: a silent NaN would poison a whole r
 `REWARD_FUNCS` maps the names that `supervision.rewards` weighs (`{verifier: 1.0, orm: 0.5}`) to a factory
 and the reward-model kind the function scores with, if any: the config then requires that kind in
 `reward_model.kinds`, and the policy phase loads its checkpoint and hands the scorer to the factory. A new
-reward function is a factory and one `register_reward` call (docs/extending.md).
+reward function is a factory and one `REWARD_FUNCS.register(NAME, build=...)` call (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.problems import Problem, ProblemSet
+from pipeline.registry import Registry
 
 RewardFunc = Callable[..., list[float]]
 # A reward model's scorer (`pipeline.scorers`): (prompts, completions) -> one score per solution.
@@ -93,22 +94,15 @@ class RewardSpec:
     reward_model: str | None = None
 
 
-REWARD_FUNCS: dict[str, RewardSpec] = {
+REWARD_FUNCS: Registry[RewardSpec] = Registry("reward function", RewardSpec, {
     # First: the reward functions run in this order, and rft mode reads the verifier as column 0.
     "verifier": RewardSpec(lambda problem_set, scorers: verifier_reward(problem_set)),
     "orm": RewardSpec(lambda problem_set, scorers: scorer_reward(scorers["orm"]), reward_model="orm"),
-}
-
-
-def register_reward(name: str, spec: RewardSpec) -> None:
-    """Add a reward function: `supervision.rewards: {NAME: weight}` then weighs it in outcome and hybrid mode."""
-    REWARD_FUNCS[name] = spec
+})
 
 
 def reward_spec(name: str) -> RewardSpec:
-    """The registry entry of `name`; an unknown name is a ValueError listing the known ones."""
-    if name not in REWARD_FUNCS:
-        raise ValueError(f"unknown reward function {name!r}; known: {', '.join(REWARD_FUNCS)}")
+    """The registry entry of `name` (an unknown one: the registry's error, listing the known ones)."""
     return REWARD_FUNCS[name]
 
 

@@ -22,6 +22,7 @@ from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.phases import PHASES, Phase, PhaseResult, PhaseRuns, phase_line, recorded
 from pipeline.preflight import preflight, refuse_changed_config
+from pipeline.registry import load_plugins
 from pipeline.rundir import Manifest, RunDir, keep_resumable, phase_key, read_json, run_lock, stop_if_told
 
 log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
@@ -220,6 +221,7 @@ def launched(argv: list[str] | None = None) -> None:
     from pipeline.loading import config_from_dict
     from pipeline.rundir import write_json_atomic
 
+    load_plugins()  # a process of its own: the plugins' phases, kinds and modes are registered here too
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
         raise SystemExit("usage: python -m pipeline.rounds WORK_DIR (started by pipeline.launch.launch_phase)")

@@ -236,3 +236,21 @@ def seen_advantages(monkeypatch) -> list:
 
     monkeypatch.setattr(ProcessGRPOTrainer, "_compute_loss", spy)
     return seen
+
+
+@pytest.fixture
+def registries():
+    """Every extension point's table restored after the test: what it registered, or a plugin it loaded, undone
+    (the config's `problems:` sections too)."""
+    from pipeline import modes, phases, problems, rewards, rm_kinds
+
+    tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS, rm_kinds.PRM_HEADS,
+              phases.PHASES)
+    before = [dict(t) for t in tables]
+    yield
+    for table, old in zip(tables, before):
+        if dict(table) != old:
+            table.clear()
+            table.update(old)
+            for hook in table.on_register:
+                hook()

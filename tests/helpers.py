@@ -64,6 +64,20 @@ def mini_config(tmp_path, **sections) -> dict:
     return cfg
 
 
+def plugin_distribution(root: Path, name: str, files: dict[str, str], entry_point: str) -> Path:
+    """An installed distribution `name` in `root` as pip would leave it: its code (`files`, path -> text) and a
+    `NAME-0.1.dist-info` declaring `entry_point` ("NAME = module[:function]") in the group `iterative_grpo.plugins`.
+    Put `root` on a process's path (sys.path, PYTHONPATH) and the distribution is installed there."""
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    info = root / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[iterative_grpo.plugins]\n{entry_point}\n")
+    return root
+
+
 # --- subprocesses ------------------------------------------------------------------------------------------
 
 # The suite's own settings (conftest.py) that a user who has configured nothing does not have.

@@ -106,7 +106,9 @@ def test_no_function_over_80_lines_of_code():
 def test_the_config_and_its_tables_import_without_torch():
     # Validating a config (supervision modes, RM kinds, reward functions, problem sets) needs no torch: `igrpo
     # check` and the config's errors come in a fraction of a second, and no table imports a trainer.
+    # The plugin loader too: a config is validated after the plugins' registrations are loaded.
     code = ("import sys; import pipeline.config, pipeline.modes, pipeline.rm_kinds, pipeline.loading; "
+            "pipeline.loading.config_from_dict({}, check_trl=False); "
             "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -157,7 +157,7 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"policy": {"tiny": {"hidden_size": 30, "num_heads": 4}}}, "policy.tiny: hidden_size 30 must be divisible"),
         ({"problems": {"arithmetic": {"min_steps": 4, "max_steps": 3}}}, "problems.arithmetic: min_steps 4 is above"),
         ({"problems": {"kind": "gsm8k"}}, "problems: gsm8k needs gsm8k.train_path"),
-        ({"problems": {"kind": "math"}}, "problems.kind: Input should be 'arithmetic', 'gsm8k' or 'dataset'"),
+        ({"problems": {"kind": "math"}}, "problems.kind: unknown problem set kind 'math'; known: arithmetic, gsm8k, dataset"),
         ({"supervision": {"rewards": {"length": 1.0}}}, "supervision.rewards: unknown reward function 'length'; known: verifier, orm"),
         ({"supervision": {"rewards": {"orm": -1.0}}}, "supervision.rewards.orm: Input should be greater than or equal to 0"),
         ({"supervision": {"rewards": {"orm": 1.0}, "orm_weight": 1.0}}, "supervision: give supervision.rewards or the older"),

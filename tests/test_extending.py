@@ -13,12 +13,11 @@ import re
 import pytest
 from pydantic import Field
 
-from pipeline import modes, phases, problems, rewards, rm_kinds
-from pipeline.modes import AdvantageInputs, SupervisionMode, register_mode
-from pipeline.phases import Phase, PhaseResult, register_phase
-from pipeline.problems import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind, register_problem_set
-from pipeline.rewards import RewardSpec
-from pipeline.rm_kinds import RewardModelKind, RMKindEntry, register_rm_kind
+from pipeline.modes import MODES, AdvantageInputs
+from pipeline.phases import PHASES, PhaseResult
+from pipeline.problems import PROBLEM_SETS, Problem, ProblemSet, ProblemSetConfig
+from pipeline.rewards import REWARD_FUNCS
+from pipeline.rm_kinds import RM_KINDS, RewardModelKind
 from tests.helpers import mini_config
 
 # --- a problem set: doubling a number, step by step --------------------------------------------------------
@@ -72,10 +71,6 @@ class DoublingConfig(ProblemSetConfig):
     num_test: int = Field(16, ge=1, description="Held-out problems.")
 
 
-DOUBLING = ProblemSetKind("doubling", DoublingConfig, lambda c, seed: Doubling(c.num_train, c.num_test, seed),
-                          "Doubling, once or twice (tests/test_extending.py).", Doubling)
-
-
 # --- a reward function: shorter is better ------------------------------------------------------------------
 
 
@@ -102,11 +97,6 @@ def centred_hybrid(x: AdvantageInputs):
     in_loss = torch.arange(width).unsqueeze(0) < torch.tensor(x.lengths).unsqueeze(1)  # (B, T)
     centred = torch.where(in_loss, x.process - mean, torch.zeros_like(x.process))  # (B, T)
     return x.outcome.unsqueeze(1) + centred, {"process_mean_removed": mean}
-
-
-CENTRED = SupervisionMode("hybrid with the process term centred", centred_hybrid, step_rewards=True,
-                          reads=("process_credit", "process_baseline", "process_reward_model"),
-                          replaces={"reward_weights": "set by the pipeline from supervision.rewards"})
 
 
 # --- a reward-model kind: a PRM on soft (SE) labels, a solution scored by its last step --------------------
@@ -146,26 +136,23 @@ def shard_stats(cfg, runs, round_index: int, shard: str) -> PhaseResult:
                         "shard_stats/steps_per_sample": sum(len(r["steps"]) for r in rows) / len(rows)})
 
 
-STATS = Phase("shard_stats", shard_stats, lambda done, r: {"shard": done(r, "collect").path},
-              figures=("shard_stats/rows",))
+# --- the registrations: one keyword-only call each, the same shape for every extension point ----------------
 
 
 @pytest.fixture
-def registered():
-    """The four registrations, undone after the test (the tables as they were, the config's sections too)."""
-    tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS, phases.PHASES)
-    before = [dict(t) for t in tables]
-    register_problem_set(DOUBLING)
-    rewards.register_reward("brevity", RewardSpec(brevity))
-    register_mode("centred_hybrid", CENTRED)
-    register_rm_kind("soft_prm", RMKindEntry("AutoModelForTokenClassification", True, SOFT_PRM, "soft-label PRM"))
-    register_phase(STATS, after="collect")
-    yield
-    for table, old in zip(tables, before):
-        table.clear()
-        table.update(old)
-    for hook in problems.ON_REGISTER:
-        hook()
+def registered(registries):
+    """The five registrations, undone after the test (`registries`: the tables as they were, the config's too)."""
+    PROBLEM_SETS.register("doubling", config=DoublingConfig, problem_set=Doubling,
+                          build=lambda c, seed: Doubling(c.num_train, c.num_test, seed),
+                          description="Doubling, once or twice (tests/test_extending.py).")
+    REWARD_FUNCS.register("brevity", build=brevity)
+    MODES.register("centred_hybrid", description="hybrid with the process term centred", advantages=centred_hybrid,
+                   step_rewards=True, reads=("process_credit", "process_baseline", "process_reward_model"),
+                   replaces={"reward_weights": "set by the pipeline from supervision.rewards"})
+    RM_KINDS.register("soft_prm", head="AutoModelForTokenClassification", scores_steps=True, implementation=SOFT_PRM,
+                      description="soft-label PRM")
+    PHASES.register("shard_stats", after="collect", run=shard_stats, figures=("shard_stats/rows",),
+                    inputs=lambda done, r: {"shard": done(r, "collect").path})
 
 
 def test_the_registrations_reach_the_config(registered):
@@ -230,7 +217,7 @@ def test_two_rounds_with_every_registered_component(registered, tmp_path, mlflow
     assert {"centred_hybrid/process_mean_removed", "centred_hybrid/advantage_mean", "rewards/brevity/mean",
             "process/step_reward_mean"} <= set(metrics)
     # The phase: run in both rounds after collection, recorded, logged into its own MLflow run.
-    assert list(phases.PHASES) == ["policy", "collect", "shard_stats", "reward_model", "eval"]
+    assert list(PHASES) == ["policy", "collect", "shard_stats", "reward_model", "eval"]
     for r in (0, 1):
         assert manifest.output(r, "shard_stats")["metrics"]["shard_stats/rows"] == len(shard)
     stats = MlflowClient().get_run(manifest.mlflow_run("round-001/shard_stats")).data.metrics

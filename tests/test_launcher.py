@@ -7,6 +7,7 @@ process costs seconds (Python, torch, TRL imports), so every test here starts as
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import yaml
 from pipeline.config import ConfigError, LauncherConfig
 from pipeline.launch import LaunchError, check_launchable, launch_command, run_logged
 from pipeline.loading import config_from_dict
-from tests.helpers import CPU_2PROC, ROOT, child_env, mini_config
+from tests.helpers import CPU_2PROC, ROOT, child_env, mini_config, plugin_distribution
 
 # --- config ------------------------------------------------------------------------------------------
 
@@ -203,17 +204,45 @@ def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_r
     assert run.data.params.get("per_device_train_batch_size") == "4"
 
 
+# An installed plugin (tests/helpers.py: plugin_distribution): its entry point's module registers the RM kind
+# `tiny_orm`, the ORM's parts under a name of its own; its implementation is imported on first use.
+TINY_ORM = {
+    "tiny_orm_plugin/__init__.py": """from pipeline.rm_kinds import RM_KINDS
+
+RM_KINDS.register("tiny_orm", head="AutoModelForSequenceClassification", scores_steps=False, mc_labels=False,
+                  implementation="tiny_orm_plugin.kind:TINY_ORM", description="the ORM, from a plugin")
+""",
+    "tiny_orm_plugin/kind.py": """import dataclasses
+
+from pipeline.rm_kinds.orm import ORM, orm_metrics
+
+
+def metrics(scorer, rows):
+    return {k.replace("orm/", "tiny_orm/", 1): v for k, v in orm_metrics(scorer, rows).items()}
+
+
+TINY_ORM = dataclasses.replace(ORM, metrics=metrics, solution_auc="tiny_orm/auc")
+""",
+}
+
+
 @pytest.mark.slow
 def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch,
-                                                                          mini_models):
+                                                                          mini_models, registries):
+    """Round 1's RM phase under 2 processes, training the PRM and a plugin's RM kind: the plugin is installed only on
+    the processes' path (no edit of the package), and its kind is known to the config's validation here and to each
+    `accelerate launch` rank, which load the plugins where they start."""
     import mlflow
 
     from pipeline.rounds import run_phase
     from pipeline.replay import write_shard
-    from pipeline.rundir import Manifest, RunDir
+    from pipeline.rundir import Manifest, RunDir, read_json
 
-    monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
-    cfg, policy, prm = _run_with_round0(tmp_path, mini_models, reward_model={"kinds": ["prm", "orm"], "holdout_fraction": 0.25},
+    site = plugin_distribution(tmp_path / "site", "tiny-orm-plugin", TINY_ORM, "tiny_orm = tiny_orm_plugin")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([child_env()["PYTHONPATH"], str(site)]))
+    cfg, policy, prm = _run_with_round0(tmp_path, mini_models, reward_model={"kinds": ["prm", "tiny_orm"],
+                                                                             "holdout_fraction": 0.25},
                                         tracking={"tracking_uri": mlflow_tmp, "register_models": False})
     rows = [
         {"round": 1, "policy": str(policy), "prompt_id": f"p{i // 2}", "prompt": f"{i}+1=?\n", "sample_index": i % 2,
@@ -228,15 +257,16 @@ def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_
     manifest.record(1, "policy", {"path": str(policy), "metrics": {}})
     out = run_phase(cfg, 1, "reward_model", policy=str(policy), previous={"prm": str(prm)})
 
-    assert set(out.paths) == {"prm", "orm"}
+    assert set(out.paths) == {"prm", "tiny_orm"}
     assert all((Path(p) / "config.json").exists() for p in out.paths.values())
-    assert "prm/solution_auc" in out.metrics and "orm/auc" in out.metrics
+    assert read_json(Path(out.paths["tiny_orm"]) / "igrpo.json")["kind"] == "tiny_orm"  # trained as its kind
+    assert "prm/solution_auc" in out.metrics and "tiny_orm/auc" in out.metrics
     # The main process wrote each RM's calibration, the figures it reported (the others evaluate alike).
     from pipeline.reward_model import read_calibration
 
     assert {k: read_calibration(p)["gap"] for k, p in out.paths.items()} == {
-        k: out.metrics[f"{k}/mean_score"] - 0.5 for k in ("prm", "orm")}  # held out: 2 prompts, 1 right of 2
+        k: out.metrics[f"{k}/mean_score"] - 0.5 for k in ("prm", "tiny_orm")}  # held out: 2 prompts, 1 right of 2
     manifest = Manifest.load(cfg.run_dir)
-    for kind in ("prm", "orm"):
+    for kind in ("prm", "tiny_orm"):
         run = mlflow.MlflowClient().get_run(manifest.mlflow_run(f"round-001/reward_model/{kind}"))
         assert "train_loss" in run.data.metrics, kind  # Trainer's metrics in the trainer's own run

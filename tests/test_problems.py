@@ -468,11 +468,12 @@ def test_load_problem_set_gsm8k_from_files():
 
 
 def test_config_choices_and_sections_come_from_the_registry():
-    from typing import get_args
+    from pipeline.config import ConfigError, PipelineConfig, ProblemsConfig
+    from pipeline.loading import config_from_dict
 
-    from pipeline.config import PipelineConfig, ProblemsConfig
-
-    assert get_args(ProblemsConfig.model_fields["kind"].annotation) == tuple(PROBLEM_SETS) == ("arithmetic", "gsm8k", "dataset")
+    with pytest.raises(ConfigError, match="^problems.kind: unknown problem set kind 'math'; known: arithmetic, gsm8k, "
+                                          "dataset$"):
+        config_from_dict({"problems": {"kind": "math"}}, check_trl=False)
     for kind, entry in PROBLEM_SETS.items():
         assert ProblemsConfig.model_fields[kind].annotation is entry.config  # YAML `problems.<kind>.*`
     # The config's set is the registry's build of its section, seeded by the run.

@@ -3,7 +3,7 @@
 `PROBLEM_SETS` is the registry: each problem-set module gives one `ProblemSetKind` (its config section
 ``problems.<kind>`` and a builder from it). The config's ``problems.kind`` choices and sections come from
 it, and `load_problem_set` / `problem_set_from_config` both build through `build_problem_set`. A new
-problem set is its module plus one `register_problem_set` call (docs/extending.md).
+problem set is its module plus one `PROBLEM_SETS.register(KIND, ...)` call (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -16,31 +16,23 @@ from pipeline.problems.arithmetic import EmbeddedArithmetic
 from pipeline.problems.base import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind
 from pipeline.problems.dataset import DatasetProblems
 from pipeline.problems.gsm8k import GSM8K
+from pipeline.registry import Registry
 
-PROBLEM_SETS: dict[str, ProblemSetKind] = {
-    p.kind: p for p in (arithmetic.PROBLEM_SET, gsm8k.PROBLEM_SET, dataset.PROBLEM_SET)
-}
+# `on_register`: the config adds a registered set's `problems.<kind>` section (`pipeline.config`).
+PROBLEM_SETS: Registry[ProblemSetKind] = Registry(
+    "problem set kind", ProblemSetKind, {p.kind: p for p in (arithmetic.PROBLEM_SET, gsm8k.PROBLEM_SET,
+                                                              dataset.PROBLEM_SET)}, name_field="kind")
 KNOWN_KINDS = tuple(PROBLEM_SETS)  # the built-in ones
-ON_REGISTER: list = []  # called after a registration (the config adds the set's `problems.<kind>` section)
 
 __all__ = [
     "GSM8K", "KNOWN_KINDS", "DatasetProblems", "PROBLEM_SETS", "EmbeddedArithmetic", "Problem", "ProblemSet", "ProblemSetConfig",
-    "ProblemSetKind", "build_problem_set", "load_problem_set", "problem_set_from_config", "register_problem_set",
+    "ProblemSetKind", "build_problem_set", "load_problem_set", "problem_set_from_config",
     "step_separator",
 ]
 
 
-def register_problem_set(entry: ProblemSetKind) -> None:
-    """Add a problem set: `problems.kind: <entry.kind>` then selects it, configured by `problems.<entry.kind>`."""
-    PROBLEM_SETS[entry.kind] = entry
-    for hook in ON_REGISTER:
-        hook()
-
-
 def problem_set_kind(kind: str) -> ProblemSetKind:
-    """The registry entry of `kind`; an unknown kind is a ValueError listing the known ones."""
-    if kind not in PROBLEM_SETS:
-        raise ValueError(f"unknown problem set kind {kind!r}; known: {', '.join(PROBLEM_SETS)}")
+    """The registry entry of `kind` (an unknown one: the registry's error, listing the known ones)."""
     return PROBLEM_SETS[kind]
 
 

@@ -5,7 +5,7 @@ An entry says how the kind's model is built (a transformers head, one logit, on 
 scores steps (then it can drive process and hybrid mode: `supervision.process_reward_model`), and where its
 implementation is: a `RewardModelKind` (training examples and loss, scorer, held-out metrics), imported when first
 used. The reward-model phase, every scorer (`pipeline.reward_model.load_scorer`), `models.factories` and the eval
-phase read the table. A new kind is its module plus one `register_rm_kind` call (docs/extending.md).
+phase read the table. A new kind is its module plus one `RM_KINDS.register(NAME, ...)` call (docs/extending.md).
 
 A kind that scores steps is read in one of the published PRM layouts, `PRM_HEADS` (`reward_model.head`): today's
 one-logit value head at each step's closing newline, Math-Shepherd's label tokens at a step tag, or Qwen2.5-Math-PRM's
@@ -14,10 +14,11 @@ one-logit value head at each step's closing newline, Math-Shepherd's label token
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from pipeline.registry import Registry, resolve
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,9 @@ class RewardModelKind:
     prepare: Callable[[list[dict], str, bool, Any], tuple[list[dict], dict]] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RMKindEntry:
-    """One registered kind.
+    """One registered kind (`RM_KINDS.register(NAME, head=..., scores_steps=..., implementation=..., ...)`).
 
     Attributes:
         head: the transformers auto class of its model, by name (`AutoModelForTokenClassification`): one logit on
@@ -84,38 +85,30 @@ class RMKindEntry:
     layouts: bool = False
 
 
-RM_KINDS: dict[str, RMKindEntry] = {
-    "prm": RMKindEntry("AutoModelForTokenClassification", True, "pipeline.rm_kinds.prm:PRM",
-                       "process RM: P(step correct) at each step's end, BCE on the MC step labels (hard or soft)",
-                       layouts=True),
-    "orm": RMKindEntry("AutoModelForSequenceClassification", False, "pipeline.rm_kinds.orm:ORM",
-                       "outcome RM: P(correct) of a whole solution, BCE on the verifier's labels, or pairwise",
-                       mc_labels=False),
-    "implicit": RMKindEntry("AutoModelForCausalLM", True, "pipeline.rm_kinds.implicit:IMPLICIT",
-                            "implicit PRM: beta log(pi/pi_ref) of a causal LM, BCE on the verifier's labels; "
-                            "its partial sums value every step", mc_labels=False),
-}
-
-
-def register_rm_kind(name: str, entry: RMKindEntry) -> None:
-    """Add a reward-model kind: `reward_model.kinds: [..., NAME]` then trains and scores with it everywhere."""
-    RM_KINDS[name] = entry
+RM_KINDS: Registry[RMKindEntry] = Registry("reward model kind", RMKindEntry, {
+    "prm": RMKindEntry(
+        head="AutoModelForTokenClassification", scores_steps=True, implementation="pipeline.rm_kinds.prm:PRM",
+        description="process RM: P(step correct) at each step's end, BCE on the MC step labels (hard or soft)",
+        layouts=True),
+    "orm": RMKindEntry(
+        head="AutoModelForSequenceClassification", scores_steps=False, implementation="pipeline.rm_kinds.orm:ORM",
+        description="outcome RM: P(correct) of a whole solution, BCE on the verifier's labels, or pairwise",
+        mc_labels=False),
+    "implicit": RMKindEntry(
+        head="AutoModelForCausalLM", scores_steps=True, implementation="pipeline.rm_kinds.implicit:IMPLICIT",
+        description="implicit PRM: beta log(pi/pi_ref) of a causal LM, BCE on the verifier's labels; its partial "
+        "sums value every step", mc_labels=False),
+})
 
 
 def rm_entry(kind: str) -> RMKindEntry:
-    """The registry entry of `kind`; an unknown kind is a ValueError listing the known ones."""
-    if kind not in RM_KINDS:
-        raise ValueError(f"unknown reward model kind {kind!r}; known: {', '.join(RM_KINDS)}")
+    """The registry entry of `kind` (an unknown one: the registry's error, listing the known ones)."""
     return RM_KINDS[kind]
 
 
 def rm_kind(kind: str) -> RewardModelKind:
     """The implementation of `kind` (imported on first use)."""
-    impl = rm_entry(kind).implementation
-    if isinstance(impl, str):
-        module, _, attr = impl.partition(":")
-        impl = getattr(importlib.import_module(module), attr)
-    return impl
+    return resolve(RM_KINDS[kind].implementation)
 
 
 def mc_label_kinds() -> list[str]:
@@ -157,7 +150,7 @@ class PrmHead:
     lora_task_type: str = "TOKEN_CLS"
 
 
-PRM_HEADS: dict[str, PrmHead] = {
+PRM_HEADS: Registry[PrmHead] = Registry("PRM head", PrmHead, {
     "value": PrmHead("AutoModelForTokenClassification", 1, None, None, "pipeline.rm_kinds.heads:VALUE",
                      "one logit on the backbone at each step's closing newline: sigmoid(logit), trained by BCE"),
     # Math-Shepherd (peiyi9979/math-shepherd-mistral-7b-prm): the LM head itself; a tag token after each step.
@@ -168,7 +161,7 @@ PRM_HEADS: dict[str, PrmHead] = {
     "classification": PrmHead("AutoModelForTokenClassification", 2, "<extra_0>", None,
                               "pipeline.rm_kinds.heads:CLASSIFICATION",
                               "2 classes on the backbone: softmax(logits)[1] at a separator after each step, CE"),
-}
+})
 
 
 @dataclass(frozen=True)
@@ -190,9 +183,7 @@ class PrmLayout:
 
 
 def prm_head(name: str) -> PrmHead:
-    """The entry of head `name`; an unknown one is a ValueError listing the known ones."""
-    if name not in PRM_HEADS:
-        raise ValueError(f"unknown PRM head {name!r}; known: {', '.join(PRM_HEADS)}")
+    """The entry of head `name` (an unknown one: the registry's error, listing the known ones)."""
     return PRM_HEADS[name]
 
 

@@ -8,12 +8,12 @@ PRM's training examples and its scorer both use it, so a PRM is trained on the t
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from pipeline.registry import resolve
 from pipeline.rm_kinds import PrmLayout, prm_head
 from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, scored_step_ends, tagged_steps
 
@@ -63,8 +63,7 @@ CLASSIFICATION = HeadMath(classification_probability, classification_log_probs)
 
 
 def head_math(head: str) -> HeadMath:
-    module, _, attr = prm_head(head).math.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return resolve(prm_head(head).math)
 
 
 def single_token(tokenizer, text: str, what: str) -> int:
