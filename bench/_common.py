@@ -1,21 +1,21 @@
-"""Shared setup of the benchmarks: a quickstart-sized policy bootstrapped once and cached on disk."""
+"""What the benchmarks and the studies share: a markdown `table`, the quickstart config and its SFT policy bootstrapped
+once and cached on disk, the mini config (configs/mini.yaml) and its SFT policy."""
 
 from __future__ import annotations
 
 import os
-import sys
-import warnings
+import time
 from pathlib import Path
 
-warnings.filterwarnings("ignore")
-os.environ.setdefault("TQDM_DISABLE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import yaml
+from transformers import TrainerCallback
 
-from pipeline.bootstrap import run_bootstrap  # noqa: E402
-from pipeline.loading import load_config  # noqa: E402
+from pipeline.bootstrap import run_bootstrap
+from pipeline.loading import config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("IGRPO_BENCH_CACHE", "/tmp/igrpo-bench"))
+MINI = ROOT / "configs" / "mini.yaml"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -24,8 +24,29 @@ def table(header: list[str], rows: list[list[str]]) -> str:
                      + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+class StepTimes(TrainerCallback):
+    """Each training step's wall time, in `seconds`."""
+
+    def __init__(self):
+        self.seconds, self._start = [], None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seconds.append(time.perf_counter() - self._start)
+
+
 def quickstart(overrides: list[str] | None = None):
     return load_config(ROOT / "configs" / "quickstart.yaml", overrides or [])
+
+
+def mini_config(work: Path) -> dict:
+    """configs/mini.yaml as a dict, its runs and MLflow store in `work` (as the tests' `mini_config`)."""
+    data = yaml.safe_load(MINI.read_text())
+    data["run"]["runs_dir"] = str(work / "runs")
+    data["tracking"]["tracking_uri"] = f"sqlite:///{work / 'mlflow.db'}"
+    return data
 
 
 def bootstrapped_policy(cfg) -> Path:
@@ -43,10 +64,7 @@ def bootstrapped_policy(cfg) -> Path:
 
 
 def mini_policy(tmp) -> Path:
-    """A policy of the tests' mini size SFT'd as `tests.helpers.mini_config` does (about 20 s on 2 cores), cached."""
-    from pipeline.loading import config_from_dict
-    from tests.helpers import mini_config
-
+    """A policy of the mini config's size SFT'd as that config does (about 20 s on 2 cores), cached."""
     path = CACHE / "mini-sft"
     if not (path / "igrpo.json").exists():
         run_bootstrap(config_from_dict(mini_config(Path(tmp))), path)

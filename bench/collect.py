@@ -6,15 +6,14 @@
    (goal: <= 50% of the rollouts, agreement within 2 points);
 3. agreement of HE and SE (threshold 0.5) with gold labels against N (Math-Shepherd §5.2: HE degrades
    as N grows, SE improves).
-Run: python bench/collect.py [--prompts 64 --samples 8]
+Run: python -m bench.collect [--prompts 64 --samples 8]
 """
 
 from __future__ import annotations
 
 import argparse
 
-from _common import bootstrapped_policy, quickstart
-
+from bench._common import bootstrapped_policy, quickstart
 from models import load_policy
 from pipeline.collect import agreement, label_exhaustive, label_first_error, make_request
 from pipeline.generation import sample

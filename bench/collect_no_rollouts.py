@@ -1,7 +1,7 @@
 """What collecting without Monte-Carlo rollouts saves (`collect.rollouts_per_step: 0`, for the implicit PRM and the
 ORM, which need no step labels): the collection phase's seconds with N rollouts per step and with none, on one
-SFT'd policy of the tests' mini size (SFT about 20 s on 2 cores), the same prompts and samples.
-Run: python bench/collect_no_rollouts.py [--prompts 16 --samples 4 --n 4 --repeats 2]
+SFT'd policy of configs/mini.yaml's size (SFT about 20 s on 2 cores), the same prompts and samples.
+Run: python -m bench.collect_no_rollouts [--prompts 16 --samples 4 --n 4 --repeats 2]
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import mini_policy, table
-
+from bench._common import mini_config, mini_policy, table
 from pipeline.collect import run_collection_phase
 from pipeline.loading import config_from_dict
 from pipeline.problems import problem_set_from_config
-from tests.helpers import mini_config  # the tests' mini sizes
 
 
 def main() -> None:
@@ -28,10 +26,10 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         def cfg(n: int):
-            return config_from_dict(mini_config(
-                Path(tmp), collect={"prompts_per_round": a.prompts, "samples_per_prompt": a.samples,
-                                    "rollouts_per_step": n, "max_new_tokens": 32},
-                reward_model={"kinds": ["implicit"]}, supervision={"process_reward_model": "implicit"}))
+            return config_from_dict(mini_config(Path(tmp)), [
+                f"collect.prompts_per_round={a.prompts}", f"collect.samples_per_prompt={a.samples}",
+                f"collect.rollouts_per_step={n}", "collect.max_new_tokens=32", "reward_model.kinds=[implicit]",
+                "supervision.process_reward_model=implicit"])
 
         policy = mini_policy(tmp)
         rows = []

@@ -2,15 +2,15 @@
 
 Run (from the repository root, in the project's venv):
 
-    python bench/faults.py                       # 5 killed runs, 2 rounds, seed 0 (about 20-35 minutes on 2 cores)
-    python bench/faults.py --kills 2 --seed 3    # a quicker check
-    python bench/faults.py --rounds 1 --max-kills-per-run 3 --keep
-    python bench/faults.py --kills 20 --sigterms 5   # the scale check (hours on 2 cores; parts: --kills 4 --seed 1 ...)
-    python bench/faults.py --kills 3 --in-step       # each kill waits for a checkpoint or finished part to exist
+    python -m bench.faults                       # 5 killed runs, 2 rounds, seed 0 (about 20-35 minutes on 2 cores)
+    python -m bench.faults --kills 2 --seed 3    # a quicker check
+    python -m bench.faults --rounds 1 --max-kills-per-run 3 --keep
+    python -m bench.faults --kills 20 --sigterms 5   # the scale check (hours on 2 cores; parts: --kills 4 --seed 1 ...)
+    python -m bench.faults --kills 3 --in-step       # each kill waits for a checkpoint or finished part to exist
 
 What it does, all under one temp folder (removed at the end unless --keep):
 
-1. The reference: `python -m flows.cli run CONFIG` in a subprocess, uninterrupted, on `tests.conftest.mini_config`
+1. The reference: `python -m flows.cli run CONFIG` in a subprocess, uninterrupted, on configs/mini.yaml
    (rounds = --rounds), with a PREFECT_HOME of its own per run (ephemeral Prefect server, analytics off), a sqlite
    MLflow store and a runs dir in the temp folder. Its wall time T is the range of the kill moments.
 2. A control (skip with --no-control): the same config uninterrupted under another run name. It tells whether CPU
@@ -55,18 +55,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
-warnings.filterwarnings("ignore")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import yaml
+
+from bench._common import ROOT, mini_config
+from pipeline.phases import PHASES
+
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-import yaml  # noqa: E402
-
-from pipeline.phases import PHASES  # noqa: E402
-from tests.conftest import mini_config  # noqa: E402
 
 CHECKPOINTS = ("policy", "reward_model/prm", "reward_model/orm")
 MAX_KILLS = 20
@@ -303,7 +299,7 @@ def leftovers(run_dir: Path) -> list[str]:
 # --- main -----------------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
+def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=5, help=f"killed runs (1..{MAX_KILLS}; default 5)")
     ap.add_argument("--rounds", type=int, default=2, help="run.rounds of the mini config (1..4; default 2)")
@@ -323,55 +319,110 @@ def main(argv=None) -> int:
         ap.error("--rounds must be between 1 and 4")
     if not 1 <= args.max_kills_per_run <= 5:
         ap.error("--max-kills-per-run must be between 1 and 5")
+    return args
 
-    t0 = time.monotonic()
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="igrpo-faults-")).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "logs").mkdir(exist_ok=True)
-    uri = f"sqlite:///{work / 'mlflow.db'}"
-    base = mini_config(work)
-    base["run"]["rounds"] = args.rounds
-    base["tracking"]["tracking_uri"] = uri
-    # Work to resume inside a phase wherever a kill lands: a checkpoint every training step, parts of 2 prompts.
-    base["grpo"]["save_steps"] = 1
-    base["reward_model"]["train_args"]["save_steps"] = 1
-    base["collect"]["prompts_per_part"] = 2
-    experiment = base["tracking"]["experiment"]
-    rng = random.Random(args.seed)
 
-    def config_for(name: str) -> Path:
-        data = json.loads(json.dumps(base))
+def sigterm_problems(res: dict, run_dir: Path) -> tuple[str, list[str]]:
+    """What a SIGTERMed attempt did wrong, if anything, and how it stopped (for the log line)."""
+    if res["stop_seconds"] is None:
+        return "", [f"SIGTERM did not stop it within {STOP_S} s"]
+    problems = []
+    # -15: it came before `igrpo` set its handlers up (interpreter start-up, imports), so Python's default action
+    # ended it there, before anything was written: fine too.
+    if res["rc"] not in (128 + signal.SIGTERM, -signal.SIGTERM):
+        problems.append(f"SIGTERM: rc {res['rc']}, not {128 + signal.SIGTERM}")
+    if (run_dir / ".lock").exists():
+        problems.append("SIGTERM left the lock behind")
+    return f" (stopped in {res['stop_seconds']:.1f}s, rc {res['rc']})", problems
+
+
+def redone_after_kills(snapshots: list[tuple[str, dict | None]], final: dict) -> list[str]:
+    """What was done at each kill (its manifest then) and is not kept as it was in the finished run."""
+    problems = []
+    for kid, snap in snapshots:
+        redone = [k for k, v in (snap or {}).get("phases", {}).items() if final["phases"].get(k) != v]
+        reused = [k for k, v in (snap or {}).get("mlflow", {}).items() if final["mlflow"].get(k) != v]
+        if redone:
+            problems.append(f"after kill {kid}: phases redone {redone}")
+        if reused:
+            problems.append(f"after kill {kid}: MLflow runs replaced {reused}")
+    return problems
+
+
+class Faults:
+    """One session: the work folder, the mini config every run starts from, the uninterrupted reference run, and
+    each run's kills and verdict."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.t0 = args, time.monotonic()
+        self.work = Path(args.workdir or tempfile.mkdtemp(prefix="igrpo-faults-")).resolve()
+        self.work.mkdir(parents=True, exist_ok=True)
+        (self.work / "logs").mkdir(exist_ok=True)
+        self.uri = f"sqlite:///{self.work / 'mlflow.db'}"
+        base = mini_config(self.work)
+        base["run"]["rounds"] = args.rounds
+        base["tracking"]["tracking_uri"] = self.uri
+        # Work to resume inside a phase wherever a kill lands: a checkpoint every training step, parts of 2 prompts.
+        base["grpo"]["save_steps"] = 1
+        base["reward_model"]["train_args"]["save_steps"] = 1
+        base["collect"]["prompts_per_part"] = 2
+        self.base, self.experiment = base, base["tracking"]["experiment"]
+        self.runs_dir = Path(base["run"]["runs_dir"])
+        self.ref_dir = self.runs_dir / "ref"
+        self.seconds = self.timeout = self.ref_manifest = None  # the reference's, once it has run
+        self.reproducible = None  # whether an uninterrupted rerun is bit-identical (the control), unknown without
+
+    def config_for(self, name: str) -> Path:
+        data = json.loads(json.dumps(self.base))
         data["run"]["name"] = name
-        path = work / f"{name}.yaml"
+        path = self.work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(data))
         return path
 
-    def say(msg: str) -> None:
-        print(f"[{time.monotonic() - t0:6.0f}s] {msg}", flush=True)
+    def say(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.0f}s] {msg}", flush=True)
 
-    say(f"work folder {work}")
-    ref = attempt(work, "ref", config_for("ref"), work / "logs" / "ref.log", None, timeout=1800)
-    if ref["rc"] != 0:
-        say(f"the reference run failed (rc {ref['rc']}); see {work / 'logs' / 'ref.log'}")
-        return 1
-    T = ref["seconds"]
-    say(f"reference: {T:.0f}s")
-    runs_dir = Path(base["run"]["runs_dir"])
-    ref_dir = runs_dir / "ref"
-    ref_manifest = read_manifest(ref_dir)
-    timeout = 3 * T + 300
+    def uninterrupted(self, name: str, timeout: float) -> dict | None:
+        """An uninterrupted run (the reference, the control); None, said, when it fails."""
+        res = attempt(self.work, name, self.config_for(name), self.work / "logs" / f"{name}.log", None, timeout)
+        if res["rc"] != 0:
+            self.say(f"the {'reference' if name == 'ref' else name} run failed (rc {res['rc']}); "
+                     f"see {self.work / 'logs' / f'{name}.log'}")
+            return None
+        return res
 
-    def verify(name: str, bitwise_reproducible: bool | None) -> tuple[list[str], list[str]]:
-        run_dir = runs_dir / name
+    def reference(self) -> bool:
+        """The reference run: its wall time is the range of the kill moments."""
+        if (ref := self.uninterrupted("ref", timeout=1800)) is None:
+            return False
+        self.seconds = ref["seconds"]
+        self.say(f"reference: {self.seconds:.0f}s")
+        self.ref_manifest = read_manifest(self.ref_dir)
+        self.timeout = 3 * self.seconds + 300
+        return True
+
+    def control(self) -> bool:
+        """The control run, and whether it is bit-identical to the reference (`reproducible`); False if it failed."""
+        if (ctl := self.uninterrupted("control", self.timeout)) is None:
+            return False
+        lost, notes = self.verify("control", None)
+        self.reproducible = not any(n.startswith("tensors differ") for n in notes) and not lost
+        self.say(f"control: {ctl['seconds']:.0f}s, " + ("bit-identical to the reference" if self.reproducible else
+                                                      "differs from the reference: " + "; ".join(lost + notes)))
+        return True
+
+    def verify(self, name: str, bitwise_reproducible: bool | None) -> tuple[list[str], list[str]]:
+        """(what a finished run lost against the reference, notes that are no loss)."""
+        run_dir, rounds = self.runs_dir / name, self.args.rounds
         manifest = read_manifest(run_dir)
         if manifest is None:
             return ["manifest missing"], []
         lost, notes = [], []
-        p, n = compare_manifests(ref_manifest, manifest, ref_dir, run_dir)
+        p, n = compare_manifests(self.ref_manifest, manifest, self.ref_dir, run_dir)
         lost += p
         (lost if bitwise_reproducible else notes).extend(n)
-        lost += compare_shards(ref_dir, run_dir, args.rounds)
-        p, diffs = compare_checkpoints(ref_dir, run_dir, args.rounds)
+        lost += compare_shards(self.ref_dir, run_dir, rounds)
+        p, diffs = compare_checkpoints(self.ref_dir, run_dir, rounds)
         lost += p
         if diffs:
             if bitwise_reproducible:
@@ -380,35 +431,23 @@ def main(argv=None) -> int:
                 notes.append("tensors differ (" + ("CPU training not bit-reproducible here, see control"
                              if bitwise_reproducible is False else "bit-reproducibility unknown: no control")
                              + "): " + "; ".join(diffs))
-        lost += check_mlflow(uri, experiment, name, manifest, args.rounds)
+        lost += check_mlflow(self.uri, self.experiment, name, manifest, rounds)
         left = leftovers(run_dir)
         if left:
             lost.append(f"left behind: {left}")
         return lost, notes
 
-    reproducible = None
-    if not args.no_control:
-        ctl = attempt(work, "control", config_for("control"), work / "logs" / "control.log", None, timeout)
-        if ctl["rc"] != 0:
-            say(f"the control run failed (rc {ctl['rc']}); see {work / 'logs' / 'control.log'}")
-            return 1
-        lost, notes = verify("control", None)
-        reproducible = not any(n.startswith("tensors differ") for n in notes) and not lost
-        say(f"control: {ctl['seconds']:.0f}s, " + ("bit-identical to the reference" if reproducible else
-                                                 "differs from the reference: " + "; ".join(lost + notes)))
-
-    rows = []  # (kill id, moment, phase and the work a resume keeps, run name)
-    kept: list[dict[str, int]] = []  # per kill, what its resume did not redo (`saved_work`)
-    verdicts: dict[str, tuple[list[str], list[str]]] = {}
-    plan = [(f"kill-{i}", signal.SIGKILL, args.max_kills_per_run) for i in range(1, args.kills + 1)]
-    plan += [(f"term-{i}", signal.SIGTERM, 1) for i in range(1, args.sigterms + 1)]
-    for i, (name, signum, max_kills) in enumerate(plan, start=1):
-        config, log = config_for(name), work / "logs" / f"{name}.log"
-        run_dir = runs_dir / name
+    def kill_and_resume(self, i: int, name: str, signum: int, max_kills: int, rng: random.Random, rows: list,
+                        kept: list) -> tuple[list[str], list[str]]:
+        """Run `name`, sending `signum` at random moments (at most `max_kills` times), rerun until it completes,
+        then verify it; a row per kill goes to `rows`, the work its resume kept to `kept`. The run's verdict."""
+        config, log = self.config_for(name), self.work / "logs" / f"{name}.log"
+        run_dir = self.runs_dir / name
         kills, before, snapshots, lost_here = 0, None, [], []
         while True:
-            kill_at = rng.uniform(0, T) if kills < max_kills else None
-            res = attempt(work, name, config, log, kill_at, timeout, signum, run_dir if args.in_step else None)
+            kill_at = rng.uniform(0, self.seconds) if kills < max_kills else None
+            res = attempt(self.work, name, config, log, kill_at, self.timeout, signum,
+                          run_dir if self.args.in_step else None)
             if res["killed"] and not res["timed_out"]:
                 kills += 1
                 manifest, mtime = read_manifest(run_dir), manifest_mtime(run_dir)
@@ -420,66 +459,74 @@ def main(argv=None) -> int:
                 snapshots.append((f"{i}.{kills}", manifest))
                 how = signal.Signals(signum).name
                 if signum == signal.SIGTERM:
-                    if res["stop_seconds"] is None:
-                        lost_here.append(f"SIGTERM did not stop it within {STOP_S} s")
-                    else:
-                        how += f" (stopped in {res['stop_seconds']:.1f}s, rc {res['rc']})"
-                        # -15: it came before `igrpo` set its handlers up (interpreter start-up, imports), so
-                        # Python's default action ended it there, before anything was written: fine too.
-                        if res["rc"] not in (128 + signal.SIGTERM, -signal.SIGTERM):
-                            lost_here.append(f"SIGTERM: rc {res['rc']}, not {128 + signal.SIGTERM}")
-                        if (run_dir / ".lock").exists():
-                            lost_here.append("SIGTERM left the lock behind")
-                say(f"{name}: {how} at {kill_at:.1f}s during {phase}")
+                    stopped, problems = sigterm_problems(res, run_dir)
+                    how += stopped
+                    lost_here += problems
+                self.say(f"{name}: {how} at {kill_at:.1f}s during {phase}")
                 before = mtime
                 continue
             if res["timed_out"]:
-                lost_here.append(f"rerun hung past {timeout:.0f}s")
+                lost_here.append(f"rerun hung past {self.timeout:.0f}s")
             elif res["rc"] != 0:
                 lost_here.append(f"rerun failed (rc {res['rc']}), see {log}")
             else:
-                say(f"{name}: completed after {kills} kill(s), last attempt {res['seconds']:.0f}s")
+                self.say(f"{name}: completed after {kills} kill(s), last attempt {res['seconds']:.0f}s")
             break
         if kills == 0:
             rows.append((f"{i}.0", None, "finished before the kill moment", name))
-        if not lost_here or all(x.startswith("SIGTERM") for x in lost_here):
-            stopped, (lost_here, notes) = lost_here, verify(name, reproducible)
-            lost_here = stopped + lost_here
-            final = read_manifest(run_dir) or {"phases": {}, "mlflow": {}}
-            for kid, snap in snapshots:  # what was done at a kill is kept as it was, not redone
-                redone = [k for k, v in (snap or {}).get("phases", {}).items() if final["phases"].get(k) != v]
-                reused = [k for k, v in (snap or {}).get("mlflow", {}).items() if final["mlflow"].get(k) != v]
-                if redone:
-                    lost_here.append(f"after kill {kid}: phases redone {redone}")
-                if reused:
-                    lost_here.append(f"after kill {kid}: MLflow runs replaced {reused}")
-        else:
-            notes = []
-        verdicts[name] = (lost_here, notes)
+        if lost_here and not all(x.startswith("SIGTERM") for x in lost_here):
+            return lost_here, []
+        lost, notes = self.verify(name, self.reproducible)
+        final = read_manifest(run_dir) or {"phases": {}, "mlflow": {}}
+        return lost_here + lost + redone_after_kills(snapshots, final), notes
 
-    print()
-    print(f"reference run: {T:.0f}s, {args.rounds} rounds; kill moments uniform over [0, {T:.0f}s], seed {args.seed}")
-    if reproducible is not None:
-        print(f"control (uninterrupted rerun): {'bit-identical' if reproducible else 'NOT bit-identical'} to the reference")
-    print(f"{'kill':<6}{'moment (s)':>11}  {'phase when killed; work kept for the resume':<56}  result")
-    survived = total = 0
-    for kid, moment, phase, name in rows:
-        lost, notes = verdicts[name]
-        result = "survived" if not lost else "lost: " + "; ".join(lost)
-        if notes:
-            result += "  [note: " + "; ".join(notes) + "]"
-        print(f"{kid:<6}{'-' if moment is None else f'{moment:.1f}':>11}  {phase:<56}  {result}")
-        if moment is not None:
-            total += 1
-            survived += not lost
-    print(f"wall time {time.monotonic() - t0:.0f}s; work folder {work}" + ("" if args.keep else " (removed)"))
-    print(f"survived {survived} of {total} kills; their resumes kept "
-          f"{sum(v for k in kept for key, v in k.items() if key.endswith('steps'))} training steps and "
-          f"{sum(v for k in kept for key, v in k.items() if not key.endswith('steps'))} collection parts, "
-          f"{sum(bool(k) for k in kept)} of {len(kept)} kills inside a phase with work saved")
+    def report(self, rows: list, kept: list[dict[str, int]], verdicts: dict) -> bool:
+        """The table of kills and the last line; whether every kill survived."""
+        a, seconds = self.args, self.seconds
+        print()
+        print(f"reference run: {seconds:.0f}s, {a.rounds} rounds; kill moments uniform over [0, {seconds:.0f}s], "
+              f"seed {a.seed}")
+        if self.reproducible is not None:
+            print(f"control (uninterrupted rerun): {'bit-identical' if self.reproducible else 'NOT bit-identical'} "
+                  "to the reference")
+        print(f"{'kill':<6}{'moment (s)':>11}  {'phase when killed; work kept for the resume':<56}  result")
+        survived = total = 0
+        for kid, moment, phase, name in rows:
+            lost, notes = verdicts[name]
+            result = "survived" if not lost else "lost: " + "; ".join(lost)
+            if notes:
+                result += "  [note: " + "; ".join(notes) + "]"
+            print(f"{kid:<6}{'-' if moment is None else f'{moment:.1f}':>11}  {phase:<56}  {result}")
+            if moment is not None:
+                total += 1
+                survived += not lost
+        print(f"wall time {time.monotonic() - self.t0:.0f}s; work folder {self.work}" + ("" if a.keep else " (removed)"))
+        print(f"survived {survived} of {total} kills; their resumes kept "
+              f"{sum(v for k in kept for key, v in k.items() if key.endswith('steps'))} training steps and "
+              f"{sum(v for k in kept for key, v in k.items() if not key.endswith('steps'))} collection parts, "
+              f"{sum(bool(k) for k in kept)} of {len(kept)} kills inside a phase with work saved")
+        return survived == total
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    faults = Faults(args)
+    faults.say(f"work folder {faults.work}")
+    rng = random.Random(args.seed)
+    if not faults.reference():
+        return 1
+    if not args.no_control and not faults.control():
+        return 1
+    rows = []  # (kill id, moment, phase and the work a resume keeps, run name)
+    kept: list[dict[str, int]] = []  # per kill, what its resume did not redo (`saved_work`)
+    plan = [(f"kill-{i}", signal.SIGKILL, args.max_kills_per_run) for i in range(1, args.kills + 1)]
+    plan += [(f"term-{i}", signal.SIGTERM, 1) for i in range(1, args.sigterms + 1)]
+    verdicts = {name: faults.kill_and_resume(i, name, signum, max_kills, rng, rows, kept)
+                for i, (name, signum, max_kills) in enumerate(plan, start=1)}
+    all_survived = faults.report(rows, kept, verdicts)
     if not args.keep and not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0 if survived == total else 1
+        shutil.rmtree(faults.work, ignore_errors=True)
+    return 0 if all_survived else 1
 
 
 if __name__ == "__main__":

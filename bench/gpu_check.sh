@@ -68,12 +68,12 @@ fi
 
 echo "== 1. sampling: HF generate vs vLLM (pipeline.generation)"
 BACKENDS=hf; [[ $VLLM == 1 ]] && BACKENDS=hf,vllm
-timeout 300 "$PY" bench/sampling.py "${SET[@]}" --backends "$BACKENDS" "${SAMPLING[@]}" \
+timeout 300 "$PY" -m bench.sampling "${SET[@]}" --backends "$BACKENDS" "${SAMPLING[@]}" \
   || echo "sampling check failed or timed out (exit $?)"
 
 echo "== 2. GRPO steps: bare TRL vs ours (HF generate), and bare TRL with vLLM colocate"
 VFLAG=(); [[ $VLLM == 1 ]] && VFLAG=(--vllm)
-timeout 420 "$PY" bench/policy_phase.py "${SET[@]}" "${STEPS[@]}" "${VFLAG[@]}" \
+timeout 420 "$PY" -m bench.policy_phase "${SET[@]}" "${STEPS[@]}" "${VFLAG[@]}" \
   || echo "GRPO check failed or timed out (exit $?)"
 
 echo "== done in $((SECONDS - START)) s ($MODE)"

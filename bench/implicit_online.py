@@ -1,7 +1,7 @@
 """What PRIME's online update of the implicit PRM costs a GRPO step (`reward_model.implicit_online_lr`; PRIME
 reports +28%): the median GRPO step time in process mode from an implicit PRM, with and without the update, on a
-policy of the tests' mini size (SFT'd once, cached) and an implicit PRM that starts as its copy.
-Run: python bench/implicit_online.py [--steps 6]
+policy of configs/mini.yaml's size (SFT'd once, cached) and an implicit PRM that starts as its copy.
+Run: python -m bench.implicit_online [--steps 6]
 """
 
 from __future__ import annotations
@@ -9,28 +9,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from _common import mini_policy, table
-from transformers import TrainerCallback
-
+from bench._common import StepTimes, mini_config, mini_policy, table
 from models import load_policy, save_model
 from pipeline.loading import config_from_dict
 from pipeline.policy import run_policy_phase
 from pipeline.problems import problem_set_from_config
-from tests.helpers import mini_config  # the tests' mini sizes
-
-
-class StepTimes(TrainerCallback):
-    def __init__(self):
-        self.seconds, self._start = [], None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.seconds.append(time.perf_counter() - self._start)
 
 
 def main() -> None:
@@ -44,10 +29,10 @@ def main() -> None:
                          meta={"reference": str(policy.resolve()), "beta": 0.05})
         rows = []
         for lr in (None, 1e-6):
-            cfg = config_from_dict(mini_config(
-                Path(tmp), grpo={"max_steps": a.steps},
-                reward_model={"kinds": ["implicit"], "implicit_online_lr": lr},
-                supervision={"process_reward_model": "implicit"}, collect={"rollouts_per_step": 0}))
+            cfg = config_from_dict(mini_config(Path(tmp)), [
+                f"grpo.max_steps={a.steps}", "reward_model.kinds=[implicit]",
+                f"reward_model.implicit_online_lr={'null' if lr is None else lr}",
+                "supervision.process_reward_model=implicit", "collect.rollouts_per_step=0"])
             times = StepTimes()
             run_policy_phase(cfg, problem_set_from_config(cfg), policy, Path(tmp) / f"out-{lr}", 1,
                              {"implicit": str(prm)}, callbacks=[times])

@@ -2,14 +2,14 @@
 
 Same bootstrapped policy, same GRPOConfig, same prompts, and the config's `policy.lora` (if any) for all
 three, as the policy phase trains. Prints the median step time of each and the ratios (goals: b/a <= 1.05,
-c/a <= 1.3).   Run: python bench/policy_phase.py [--steps 12]
+c/a <= 1.3).   Run: python -m bench.policy_phase [--steps 12]
 Another config (a real model, on a GPU when there is one) and TRL's vLLM generation beside HF generate:
-  python bench/policy_phase.py --config configs/smollm2-gsm8k.yaml --set grpo.max_completion_length=128 --vllm
+  python -m bench.policy_phase --config configs/smollm2-gsm8k.yaml --set grpo.max_completion_length=128 --vllm
 The cost of checkpointing (resuming inside a phase): a whole GRPO phase of the config (its grpo.max_steps) in
 process mode, without checkpoints and with them at the default save_steps, twice each, alternating; prints the
 ratio (goal <= 1.05):
-  python bench/policy_phase.py --checkpoint-cost              # the quickstart's phase: 100 steps, ~4 x 1-2 min
-  python bench/policy_phase.py --checkpoint-cost --steps 4 --save-steps 2    # a smoke run
+  python -m bench.policy_phase --checkpoint-cost              # the quickstart's phase: 100 steps, ~4 x 1-2 min
+  python -m bench.policy_phase --checkpoint-cost --steps 4 --save-steps 2    # a smoke run
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import statistics
 import time
 
 import torch
-from _common import CACHE, bootstrapped_policy, quickstart
-from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from bench._common import CACHE, StepTimes, bootstrapped_policy, quickstart
 from models import reward_model_from_policy, save_model
 from models.factories import load_tokenizer
 from pipeline.loading import load_config
@@ -33,17 +32,6 @@ from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.rewards import verifier_reward
 from pipeline.scorers import PrmScorer
-
-
-class StepTimer(TrainerCallback):
-    def __init__(self):
-        self.times, self._t = [], None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._t = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.times.append(time.perf_counter() - self._t)
 
 
 def main() -> None:
@@ -71,7 +59,7 @@ def main() -> None:
     lo = cfg.policy.lora
 
     def run(kind: str, args=args, resumable: bool = False) -> float:
-        timer = StepTimer()
+        timer = StepTimes()
         if kind in ("bare", "bare-vllm"):
             run_args = args
             if kind == "bare-vllm":
@@ -100,7 +88,7 @@ def main() -> None:
         else:
             trainer.train()
         timer.total = time.perf_counter() - start
-        return timer if a.checkpoint_cost else statistics.median(timer.times[a.warmup:])
+        return timer if a.checkpoint_cost else statistics.median(timer.seconds[a.warmup:])
 
     if a.checkpoint_cost:
         return checkpoint_cost(cfg, a, run)

@@ -9,10 +9,10 @@ by round, whether the two runs' eval.json hold the same figures (every metric bu
 meant to keep behaviour must show. `--threads N` pins torch's threads (OMP_NUM_THREADS) in both: CPU training's
 figures depend on the thread count. Issue 37's goal: a ratio of at most 0.45 against 15fbd1e.
 
-  python bench/quickstart_time.py                                # HEAD against 15fbd1e, the whole quickstart each
-  python bench/quickstart_time.py --threads 1                    # figures comparable bit for bit, slower
-  python bench/quickstart_time.py --rounds 1 --policy PATH       # round 0 and one RL round from a trained SFT policy
-  python bench/quickstart_time.py --baseline COMMIT --repeats 2  # order baseline, HEAD, HEAD, baseline
+  python -m bench.quickstart_time                                # HEAD against 15fbd1e, the whole quickstart each
+  python -m bench.quickstart_time --threads 1                    # figures comparable bit for bit, slower
+  python -m bench.quickstart_time --rounds 1 --policy PATH       # round 0 and one RL round from a trained SFT policy
+  python -m bench.quickstart_time --baseline COMMIT --repeats 2  # order baseline, HEAD, HEAD, baseline
 """
 
 from __future__ import annotations

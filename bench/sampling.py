@@ -2,7 +2,7 @@
 
 Same policy checkpoint (the config's round-0 policy, cached), same prompts, same settings; prints
 sequences/s and generated tokens/s per backend, and vLLM / HF. vLLM needs the `[vllm]` extra and a GPU.
-Run: python bench/sampling.py --config configs/smollm2-gsm8k.yaml [--backends hf,vllm] [--prompts 64]
+Run: python -m bench.sampling --config configs/smollm2-gsm8k.yaml [--backends hf,vllm] [--prompts 64]
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import bootstrapped_policy, quickstart
-
+from bench._common import bootstrapped_policy, quickstart
 from pipeline.generation import load_sampling_model, sample
 from pipeline.loading import load_config
 from pipeline.problems import problem_set_from_config

@@ -1,8 +1,8 @@
 """A browser look at what a run leaves in MLflow: the parent run's cross-round charts and a round's sample table.
 
-    python bench/ui_check.py                      # a mini pipeline (2 rounds, ~2 min on 2 cores), then screenshots
-    python bench/ui_check.py --store sqlite:///mlflow.db --experiment iterative-grpo   # an existing store
-    python bench/ui_check.py --out docs/img       # where the PNGs go (default: docs/img)
+    python -m bench.ui_check                      # a mini pipeline (2 rounds, ~2 min on 2 cores), then screenshots
+    python -m bench.ui_check --store sqlite:///mlflow.db --experiment iterative-grpo   # an existing store
+    python -m bench.ui_check --out docs/img       # where the PNGs go (default: docs/img)
 
 Needs Debian's `chromium` (`apt-get install chromium`) and Playwright (`pip install -e ".[ui]"`; it drives the
 system's Chromium and downloads no browser). It starts `mlflow ui` on a free localhost port (stopped by its own
@@ -33,12 +33,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import yaml
 
-import yaml  # noqa: E402
-
-from pipeline.tracking import HEADLINE_SECTION  # noqa: E402
+from bench._common import ROOT, mini_config
+from pipeline.tracking import HEADLINE_SECTION
 
 SAMPLES_ARTIFACT = "samples/eval.json"
 
@@ -50,9 +48,7 @@ def free_port() -> int:
 
 
 def mini_run(work: Path) -> tuple[str, str]:
-    """`igrpo run` on the tests' mini config (2 rounds); returns (tracking URI, experiment)."""
-    from tests.conftest import mini_config
-
+    """`igrpo run` on configs/mini.yaml (2 rounds); returns (tracking URI, experiment)."""
     data = mini_config(work)
     (work / "mini.yaml").write_text(yaml.safe_dump(data))
     env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "PYTHONPATH": str(ROOT)}

@@ -6,7 +6,7 @@ stopped by a signal at a chosen point), and the check of a complete run."""
 from __future__ import annotations
 
 import contextlib
-import functools
+import copy
 import os
 import signal
 import subprocess
@@ -26,7 +26,8 @@ from pipeline.rundir import RunDir, phase_key, read_json
 from pipeline.tracking import PARENT_TAG, metric_name
 
 ROOT = Path(__file__).resolve().parent.parent
-NAME = "mini"  # run.name of mini_config
+MINI = yaml.safe_load((ROOT / "configs" / "mini.yaml").read_text())  # the mini run, read by bench/ too
+NAME = MINI["run"]["name"]  # "mini"
 CPU_2PROC = "configs/accelerate/cpu_2proc.yaml"  # 2 CPU processes under `accelerate launch` (torchrun, gloo)
 
 # Every model size of the suite, in one place: a test's cost is mostly its model's size.
@@ -34,7 +35,7 @@ SIZES = {
     # Untrained, for shapes, scores, checkpoints, sampling and one-step trainings: the smallest with every part.
     "tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64, "max_position_embeddings": 96},
     # mini_config's policy, which a 2-round run bootstraps by SFT; also the 2-process step of test_launcher.py.
-    "mini": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128, "max_position_embeddings": 96},
+    "mini": dict(MINI["policy"]["tiny"]),
     # The trained policy whose accuracy test_training.py asserts. Measured after its SFT (3000 chains, 5 epochs):
     # 0.53 greedy on 40 held-out problems; the quickstart's size (128 wide, 4 deep) 0.15 after 4 epochs in 2.5x the
     # time, 128 x 2 0.45.
@@ -44,21 +45,11 @@ SIZES = {
 
 
 def mini_config(tmp_path, **sections) -> dict:
-    """A run config small enough for a full 2-round flow in about half a minute on 2 cores."""
-    cfg = {
-        "run": {"name": NAME, "runs_dir": str(tmp_path / "runs"), "rounds": 2, "seed": 0},
-        "policy": {"tiny": dict(SIZES["mini"])},
-        "problems": {"arithmetic": {"num_train": 400, "num_test": 20, "min_steps": 2, "max_steps": 2}},
-        "bootstrap": {"sft_args": {"learning_rate": 3e-3, "num_train_epochs": 2, "per_device_train_batch_size": 32}},
-        "supervision": {"mode": "process", "prompts_per_round": 16},
-        "grpo": {"learning_rate": 1e-5, "num_generations": 4, "per_device_train_batch_size": 8, "max_steps": 2,
-                 "max_completion_length": 32, "logging_steps": 1},
-        "collect": {"prompts_per_round": 6, "samples_per_prompt": 2, "rollouts_per_step": 2, "max_new_tokens": 32},
-        "reward_model": {"kinds": ["prm", "orm"], "holdout_fraction": 0.34,
-                         "train_args": {"learning_rate": 1e-3, "num_train_epochs": 1, "per_device_train_batch_size": 8}},
-        "eval": {"num_problems": 8, "samples_per_problem": 4, "max_new_tokens": 32, "best_of_n": [2, 4]},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": NAME},
-    }
+    """configs/mini.yaml (a full 2-round flow in about half a minute on 2 cores), its runs and MLflow store in
+    `tmp_path`, each of `sections` updating its section."""
+    cfg = copy.deepcopy(MINI)
+    cfg["run"]["runs_dir"] = str(tmp_path / "runs")
+    cfg["tracking"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for section, values in sections.items():
         cfg.setdefault(section, {}).update(values)
     return cfg
@@ -200,26 +191,6 @@ def rollout_order(ids, rows: list[list[int]], pad: int) -> list[int]:
 
 
 # --- igrpo run in-process: user errors --------------------------------------------------------------------
-
-
-@functools.cache
-def load_bench(name: str):
-    """The script bench/<name>.py as a module, loaded once per session (tests change its attributes through
-    monkeypatch only), the session's environment and sys.path left as they were (the scripts quiet tqdm and
-    logging for themselves and put bench/ on the path)."""
-    import importlib.util
-
-    env, path = dict(os.environ), list(sys.path)
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[:] = path
 
 
 def run_cli(tmp_path, capsys, data, *sets: str) -> tuple[int, str]:

@@ -1,5 +1,6 @@
-"""The shape of the house: no import cycle in `pipeline/`, `flows/`, `models/`; no function over 80 lines of code;
-the config and its tables (supervision modes, RM kinds) import without torch."""
+"""The shape of the house, over every folder of code but the tests (the packages, bench/, experiments/, any other
+script folder): no import cycle; no function over 80 lines of code; no script that imports the tests or edits
+`sys.path`; the config and its tables (supervision modes, RM kinds) import without torch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pipeline", "flows", "models")
+SKIP = {"tests", "build", "dist", "runs", "mlruns"}  # the tests themselves; build outputs and run folders
+
+
+def source_files() -> list[Path]:
+    """Every Python file of the top-level folders that hold code (a virtual environment's or a hidden one's aside)."""
+    folders = [d for d in sorted(ROOT.iterdir()) if d.is_dir() and d.name not in SKIP and not d.name.startswith(".")
+               and not (d / "pyvenv.cfg").exists()]
+    return [p for d in folders for p in sorted(d.rglob("*.py"))]
 
 
 def _module(path: Path) -> str:
@@ -20,7 +28,7 @@ def _module(path: Path) -> str:
 def import_graph() -> dict[str, set[str]]:
     """Module -> the project's modules it imports, at module level or inside a function (a lazy import that
     closes a circle is a circle all the same: it only moves the failure to the first call)."""
-    modules = {_module(p): p for d in PACKAGES for p in (ROOT / d).rglob("*.py")}
+    modules = {_module(p): p for p in source_files()}
     graph = {}
     for name, path in modules.items():
         found = set()
@@ -77,7 +85,8 @@ def test_no_import_cycle():
     # Before the redesign: config <-> reward_model (the config imported the torch-heavy RM module for its table)
     # and launch <-> rounds.
     graph = import_graph()
-    assert {"pipeline.config", "pipeline.phases", "flows.cli", "models.factories"} <= set(graph)
+    assert {"pipeline.config", "pipeline.phases", "flows.cli", "models.factories", "bench._common",
+            "experiments.runner", "experiments.report"} <= set(graph)
     assert cycles(graph) == []
 
 
@@ -97,10 +106,47 @@ def _code_lines(node: ast.FunctionDef) -> int:
 
 def test_no_function_over_80_lines_of_code():
     long = [f"{p.relative_to(ROOT)}:{node.name} ({_code_lines(node)} lines)"
-            for d in ("pipeline", "flows") for p in (ROOT / d).rglob("*.py")
-            for node in ast.walk(ast.parse(p.read_text()))
+            for p in source_files() for node in ast.walk(ast.parse(p.read_text()))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(node) > 80]
     assert long == []
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+            and node.value.id == "sys")
+
+
+def _sys_path_edit(node: ast.AST) -> bool:
+    """`sys.path.insert(...)` (or any method call on it), or an assignment to `sys.path` or an item of it."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return _is_sys_path(node.func.value)
+    if isinstance(node, (ast.Assign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(_is_sys_path(t.value if isinstance(t, ast.Subscript) else t) for t in targets)
+    return False
+
+
+def test_no_script_imports_the_tests_or_edits_sys_path():
+    # Scripts run as modules from the repository root (`python -m bench.faults`); what they share with the tests
+    # lives in the project (configs/mini.yaml), not in tests/.
+    found = []
+    for p in source_files():
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n == "tests" or n.startswith("tests.") for n in names):
+                found.append(f"{p.relative_to(ROOT)}:{node.lineno} imports {names[0]}")
+            elif _sys_path_edit(node):
+                found.append(f"{p.relative_to(ROOT)}:{node.lineno} edits sys.path")
+    assert found == []
+
+
+def test_the_sys_path_check_sees_each_way_of_editing_it():
+    edits = ["sys.path.insert(0, ROOT)", "sys.path.append('x')", "sys.path[:] = []", "sys.path = ['x']",
+             "sys.path += ['x']"]
+    assert all(_sys_path_edit(ast.parse(code).body[0].value if "(" in code else ast.parse(code).body[0])
+               for code in edits)
+    assert not _sys_path_edit(ast.parse("print(sys.path)").body[0].value)
 
 
 def test_the_config_and_its_tables_import_without_torch():

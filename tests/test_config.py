@@ -239,7 +239,7 @@ def test_old_reward_weights_read_as_rewards(old, rewards):
 
 
 def test_old_weights_in_an_override_are_read_too():
-    # `--set supervision.orm_weight=1` (how bench/experiments.py ran its ORM arm) still means verifier 1 + ORM 1.
+    # `--set supervision.orm_weight=1` (how experiments/runner.py ran its ORM arm) still means verifier 1 + ORM 1.
     cfg = config_from_dict({"supervision": {"mode": "outcome"}}, ["supervision.orm_weight=1"], check_trl=False)
     assert cfg.supervision.rewards == {"verifier": 1.0, "orm": 1.0}
 
@@ -548,7 +548,7 @@ def test_the_config_reference_page_is_the_generated_one():
 
 def test_overrides_leave_the_callers_dict_as_it_was():
     """config_from_dict applied `--set` overrides inside the caller's nested sections, so a second config made
-    from the same dict (a manifest's config, bench/prm_study.py's variants) inherited the first one's overrides."""
+    from the same dict (a manifest's config, experiments/prm_study.py's variants) inherited the first one's overrides."""
     data = {"reward_model": {"target": "soft", "train_args": {"learning_rate": 3e-4}}}
     first = config_from_dict(data, ["reward_model.target=hard", "reward_model.train_args.learning_rate=1e-4"],
                              check_trl=False)

@@ -1,20 +1,16 @@
-"""bench/experiments.py (the runner: arms, units, kept figures) and bench/experiments_report.py (docs/results.md from
+"""experiments/runner.py (the runner: arms, units, kept figures) and experiments/report.py (docs/results.md from
 them): a rebuilt report keeps the verdicts written by hand under its sections; the best-of-N section from constructed
 run directories."""
 
 import os
 from pathlib import Path
 
-from tests.helpers import load_bench
-
-
-def load_experiments():
-    """(the runner, bench/experiments.py: arms, units, kept figures; the report, bench/experiments_report.py)."""
-    return load_bench("experiments"), load_bench("experiments_report")
+from experiments import credit_study as study
+from experiments import report as ex
+from experiments import runner
 
 
 def test_rebuilt_report_keeps_each_sections_verdict_in_its_own_section(tmp_path):
-    _, ex = load_experiments()
     ph = ex.PLACEHOLDER
     fresh = f"# R\n\n## 1. A\n\n| t |\n\n{ph}\n\n## 2. B\n\nnew table\n\n{ph}\n\n## 3. C\n\n{ph}\n"
     old = tmp_path / "results.md"
@@ -51,7 +47,6 @@ def _prm_runs(tmp_path):
 
 
 def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp_path, monkeypatch):
-    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
     drawn = {}
     real_plot = ex.plot_lines
@@ -61,7 +56,7 @@ def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp
         return real_plot(path, panels, *args, **kwargs)
 
     monkeypatch.setattr(ex, "plot_lines", plot_lines)
-    text = ex.report(runner.Experiments(a), "python bench/experiments.py --smoke", None, log=False).read_text()
+    text = ex.report(runner.Experiments(a), "python -m experiments --smoke", None, log=False).read_text()
 
     section = text.split("\n## 5. ")[1].split("\n## ")[0]
     assert "RM-weighted majority vote" in section
@@ -84,17 +79,16 @@ def test_a_fresh_clone_rebuilds_the_same_report_from_the_kept_figures_alone(tmp_
     rebuilds the report, marks the unit done, and names the commit it ran from."""
     import shutil
 
-    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
     runs = runner.Experiments(a)
     for name in ("prm-s0", "prm-s1"):  # what `unit` does when an arm finishes
         runs.status["units"][name] = {"status": "done", "seconds": 90.0}
         runs.record(name, {"rounds": runner.rounds_of(tmp_path / "runs" / name)})
-    before = ex.report(runs, "python bench/experiments.py --smoke", None, log=False).read_text()
+    before = ex.report(runs, "python -m experiments --smoke", None, log=False).read_text()
     shutil.rmtree(tmp_path / "runs")
 
     fresh = runner.Experiments(a)
-    after = ex.report(fresh, "python bench/experiments.py --smoke", None, log=False).read_text()
+    after = ex.report(fresh, "python -m experiments --smoke", None, log=False).read_text()
     assert after == before
     row = next(line for line in after.splitlines() if line.startswith("| `prm` GRPO + PRM (process) |"))
     assert row.endswith("| 2 of 2 seeds |")  # both seeds' rounds, from the figures
@@ -109,20 +103,18 @@ def test_a_fresh_clone_rebuilds_the_same_report_from_the_kept_figures_alone(tmp_
 def test_the_report_says_when_a_seeds_arms_started_from_different_round0_policies(tmp_path):
     """A seed regenerated in parts on two machines retrains its SFT, which may end elsewhere: its arms then differ
     from round 0 on, and the report must say so rather than pair them as if they differed only by method."""
-    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
     runs = runner.Experiments(a)
     rounds = runner.rounds_of(tmp_path / "runs" / "prm-s0")
     for name, start in (("prm-s0", "aaa"), ("verifier-s0", "aaa"), ("prm-s1", "bbb"), ("verifier-s1", "ccc")):
         runs.status["units"][name] = {"status": "done", "seconds": 60.0}
         runs.record(name, {"rounds": rounds, "start": start})
-    text = ex.report(runs, "python bench/experiments.py --smoke", None, log=False).read_text()
+    text = ex.report(runs, "python -m experiments --smoke", None, log=False).read_text()
     assert "**Seed 1's arms started from 2 different round-0 policies** (`bbb`: prm; `ccc`: verifier)" in text
     assert "Seed 0's arms started" not in text
 
 
 def test_the_hybrid_arm_is_chosen_by_maj8_among_those_whose_prm_term_carries_a_fifth_of_the_variance(monkeypatch):
-    _, ex = load_experiments()
     arms = ("hybrid-sum-w0.3", "hybrid-sum-w1", "hybrid-min-w0.3", "hybrid-min-w1")
     monkeypatch.setattr(ex, "HYBRID_ARMS", arms)  # a grid of four, whatever the script's is today
     sum_lo, sum_hi, min_lo, min_hi = arms
@@ -148,7 +140,6 @@ def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path)
     from pipeline.problems import problem_set_from_config
     from pipeline.problems.arithmetic import answer_slip, format_solution, parse_prompt
 
-    runner, ex = load_experiments()
     runs = runner.Experiments(argparse.Namespace(runs_dir=str(tmp_path), figures=str(tmp_path / "figures"), smoke=False,
                                              experiment="x", tracking_uri=None, rounds=2))
     cfg = runs.arm_config("exploit", 0)  # the overrides load: the pattern survives --set's YAML
@@ -170,20 +161,19 @@ def test_the_exploit_arm_rewards_exactly_the_slip_the_sft_data_teaches(tmp_path)
 
 def test_a_rebuilt_report_links_the_history_beside_it_and_leaves_it_as_written(tmp_path):
     """Superseded reports are kept by hand in lab/results-history.md: a rebuild must point to it, not overwrite it."""
-    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
     runs = runner.Experiments(a)
-    assert "results-history.md" not in ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
+    assert "results-history.md" not in ex.report(runs, "python -m experiments", None, log=False).read_text()
     history = Path(a.out) / "lab" / "results-history.md"
     history.parent.mkdir(parents=True)
     history.write_text("# Results history\n\nold figures\n")
-    text = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
+    text = ex.report(runs, "python -m experiments", None, log=False).read_text()
     assert "[lab/results-history.md](lab/results-history.md)" in text
     assert history.read_text() == "# Results history\n\nold figures\n"
 
 
 def _study(seed: int, collect: list[int], aucs: list[float]) -> dict:
-    """What bench/prm_study.py keeps for one run: its default variant's figures by round."""
+    """What experiments/prm_study.py keeps for one run: its default variant's figures by round."""
     return {"run": f"runs/study/verifier-p{collect[0]}-s{seed}", "seed": seed, "collect": collect,
             "samples_per_test_problem": 8,
             "results": {"default": {str(r): {"test": {"step_auc_gold": x}, "held_out": {"step_auc_gold": x - 0.05},
@@ -196,14 +186,13 @@ def test_the_prm_study_table_is_built_from_the_kept_study_results_of_every_run(t
     units are not confused with them."""
     from pipeline.rundir import write_json_atomic
 
-    runner, ex = load_experiments()
     a = _prm_runs(tmp_path)
     kept = Path(a.figures) / "prm-study"
     write_json_atomic(kept / "verifier-p384-s1.json", _study(1, [384, 8], [0.882, 0.913, 0.853]))
     write_json_atomic(kept / "verifier-s1.json", _study(1, [192, 8], [0.739, 0.828, 0.754]))
     write_json_atomic(kept / "verifier-s0.json", _study(0, [192, 8], [0.9, 0.8]))
     runs = runner.Experiments(a)
-    text = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
+    text = ex.report(runs, "python -m experiments", None, log=False).read_text()
     lines = text.partition("| seed | collected a round |")[2].partition("\n\n")[0].splitlines()
     lines = ["| seed | collected a round |" + lines[0], *lines[2:]]  # the header, then the rows
     assert lines[0] == ("| seed | collected a round | variant | round 0 | round 1 | round 2 | mean (test) | min (test) "
@@ -215,9 +204,8 @@ def test_the_prm_study_table_is_built_from_the_kept_study_results_of_every_run(t
 
 
 def test_every_arm_of_the_credit_study_is_a_config_the_pipeline_accepts():
-    """bench/credit_study.py's arms (and their centred and weighted variants) load on both tasks' configs, and say
+    """experiments/credit_study.py's arms (and their centred and weighted variants) load on both tasks' configs, and say
     what they change: a refused combination would otherwise surface hours into the study."""
-    study = load_bench("credit_study")
     for task, path in study.TASKS.items():
         hybrid = [x for x in study.ARMS if "progress" in x or x == "implicit"]  # a process weight needs hybrid mode
         for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS if x != "verifier"),
@@ -246,10 +234,9 @@ def _credit_unit(figures: Path, task: str, arm: str, seed: int, maj8: dict[int, 
 def test_the_credit_study_section_is_rebuilt_from_its_kept_figures_and_survives_the_main_reports_rebuild(tmp_path):
     """The study's section goes before the older sections of results.md, names each arm's per-seed gap to the
     verifier of the same seed (mean ± std, and in how many seeds it is at or above), and a rebuild of the main
-    report by bench/experiments_report.py keeps it as written."""
+    report by experiments/report.py keeps it as written."""
     import argparse
 
-    study, (runner, ex) = load_bench("credit_study"), load_experiments()
     figures = tmp_path / "docs" / "experiments" / "credit"
     for seed, (v, o) in enumerate([(0.80, 0.84), (0.90, 0.88), (0.70, 0.75)]):
         _credit_unit(figures, "quickstart", "verifier", seed, {0: 0.6, 1: 0.7, 2: v})
@@ -270,6 +257,6 @@ def test_the_credit_study_section_is_rebuilt_from_its_kept_figures_and_survives_
     assert text.count(verdict) == 1 and text.index(verdict) < text.index(study.END)
 
     runs = runner.Experiments(_prm_runs(tmp_path))  # the main report, rebuilt into the same file
-    rebuilt = ex.report(runs, "python bench/experiments.py", None, log=False).read_text()
+    rebuilt = ex.report(runs, "python -m experiments", None, log=False).read_text()
     assert text.partition(study.BEGIN)[2].partition(study.END)[0] in rebuilt
     assert rebuilt.index(study.BEGIN) < rebuilt.index("## 1. ")

@@ -237,14 +237,13 @@ def test_within_position_auc_sees_through_a_prm_that_learned_only_where_a_step_s
 
 
 def test_monitor_noise_bootstraps_whole_prompts():
-    """bench/monitor_noise.py: the held-out gap's noise is its prompts', not its samples'."""
+    """experiments/monitor_noise.py: the held-out gap's noise is its prompts', not its samples'."""
     import random
 
     import numpy as np
 
-    from tests.helpers import load_bench
+    from experiments import monitor_noise as noise
 
-    noise = load_bench("monitor_noise")
     rng = random.Random(0)
     prompts = [(f"p{i}", rng.random(), rng.randint(0, 1)) for i in range(20)]
     # Every prompt's 8 samples alike: as noisy as the 20 prompts alone, i.e. the SE of 20 (score - outcome)s.

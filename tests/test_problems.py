@@ -564,12 +564,12 @@ def test_middle_slips_put_one_wrong_step_mid_chain_carried_on_to_a_wrong_answer(
         EmbeddedArithmetic(num_train=2, num_test=1, sft_noise_at=["start"])
 
 def test_round_noise_fresh_problems_are_in_neither_split(tmp_path):
-    """bench/round_noise.py --fresh: a smaller SE from problems no policy of the run has seen (SFT noise on)."""
+    """experiments/round_noise.py --fresh: a smaller SE from problems no policy of the run has seen (SFT noise on)."""
+    from experiments import round_noise
     from pipeline.loading import config_from_dict
     from pipeline.problems import problem_set_from_config
-    from tests.helpers import load_bench, mini_config
+    from tests.helpers import mini_config
 
-    round_noise = load_bench("round_noise")
     data = mini_config(tmp_path)
     data["problems"]["arithmetic"]["sft_noise"] = 0.3
     cfg = config_from_dict(data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from tests.helpers import load_bench
+from bench.quickstart_time import same_figures
 
 
 def _eval_json(run, r, **metrics):
@@ -15,7 +15,6 @@ def _eval_json(run, r, **metrics):
 
 
 def test_same_figures_names_what_differs_and_ignores_the_throughput(tmp_path):
-    same_figures = load_bench("quickstart_time").same_figures
     a, b = tmp_path / "a", tmp_path / "b"
     _eval_json(a, 0, **{"eval/greedy": 0.745, "eval/completions_per_s": 300.0, "eval/prm_step_auc_gold": math.nan})
     _eval_json(b, 0, **{"eval/greedy": 0.745, "eval/completions_per_s": 512.0, "eval/prm_step_auc_gold": math.nan})

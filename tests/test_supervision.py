@@ -1,5 +1,5 @@
 """Online RFT (`supervision.mode: rft`) and a frozen round-0 RM (`reward_model.retrain: false`): the two
-options behind the comparisons of bench/experiments.py (DeepSeekMath §5.2.1 and Fig. 6)."""
+options behind the comparisons of experiments/runner.py (DeepSeekMath §5.2.1 and Fig. 6)."""
 
 from __future__ import annotations
 
@@ -204,7 +204,7 @@ def test_every_mode_logs_the_mean_of_its_advantages_and_its_share_of_their_rms(t
     share = logged[f"{mode}/advantage_mean_share"]
     # rft's advantages are 1s and 0s (mean > 0: share above 0); outcome's are centred per group.
     assert (share > 0.3) if mode == "rft" else (share < 0.3)
-    # The phase's figures (the manifest's, bench/credit_study.py's table) carry it too, averaged over the steps.
+    # The phase's figures (the manifest's, experiments/credit_study.py's table) carry it too, averaged over the steps.
     from pipeline.policy import policy_metrics
 
     assert policy_metrics(trainer.state.log_history)["policy/advantage_mean_share"] == pytest.approx(share)

@@ -1,15 +1,15 @@
-"""The report of bench/experiments.py: docs/results.md and its plots, from each finished unit's kept figures.
+"""The report of `python -m experiments`: docs/results.md and its plots, from each finished unit's kept figures.
 
 Reads `docs/experiments/<unit>.json` (what the runner keeps of each finished arm and seed, `mc-s<seed>`, `sft-s<seed>`),
-or the run directories of arms still running, and `docs/experiments/prm-study/*.json` (bench/prm_study.py
+or the run directories of arms still running, and `docs/experiments/prm-study/*.json` (experiments/prm_study.py
 `--figures`); writes `docs/results.md` (tables: mean ± sample std over seeds, per-seed values at the end) and the
 PNG plots in `docs/img/`, and logs both to a `summary` run of the MLflow experiment. The verdicts written by hand
 under each section (`**What held ...`) are kept when the report is rebuilt; `docs/lab/results-history.md` is
-linked, never rewritten. The arms, their labels and overrides are the runner's (bench/experiments.py). Run from the
-repository root; a rebuild needs no `runs/` and takes seconds:
+linked, never rewritten. The arms, their labels and overrides are the runner's (experiments/runner.py). A rebuild
+needs no `runs/` and takes seconds:
 
-  python bench/experiments_report.py            # the same as: python bench/experiments.py --report-only
-  python bench/experiments_report.py --smoke    # the smoke run's report (runs/experiments-smoke)
+  python -m experiments --report-only
+  python -m experiments --smoke --report-only   # the smoke run's report (runs/experiments-smoke)
 """
 
 from __future__ import annotations
@@ -17,20 +17,18 @@ from __future__ import annotations
 import collections
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-import prm_study  # (its table's rows, for the kept study results)
-from _common import table  # (sets sys.path, quiet warnings and tqdm)
-from experiments import ARMS, EXPLOIT, HYBRID_ARMS, LABELS, MC_NS, Experiments, arm_overrides, rounds_of
-
+from bench._common import table
+from experiments import prm_study  # (its table's rows, for the kept study results)
+from experiments.runner import ARMS, EXPLOIT, HYBRID_ARMS, LABELS, MC_NS, Experiments, arm_overrides, rounds_of
 from pipeline.rundir import read_json
 
 SUPERVISION_ARMS = ("prm", "orm", "verifier", "rft")  # section 1
 RM_ARMS = ("prm", "frozen", "noreplay", "exploit")  # section 2
 SHARE = "policy/process_variance_share"
-# bench/credit_study.py's section of results.md lies between these; a rebuild here keeps it (`keep_study`).
+# experiments/credit_study.py's section of results.md lies between these; a rebuild here keeps it (`keep_study`).
 BEGIN, END = "<!-- credit-study: begin -->", "<!-- credit-study: end -->"
 HISTORY = "lab/results-history.md"  # superseded reports, kept by hand beside the report (relative to --out)
 PLACEHOLDER = "**What held / what did not:** _to be written from the numbers above; the script does not judge them._"
@@ -380,7 +378,7 @@ def best_of_n_section(data: dict, n: int, last: int, img: Path) -> list[str]:
 
 def issue16_section(ex: Experiments, data: dict, seeds: list[int], rounds: list[int], img: Path) -> list[str]:
     """Section 6: hybrid credit (grid on the first seed, then the chosen arm on every seed), the oracle PRM, and
-    what limits the PRM (bench/prm_study.py's table when it has run)."""
+    what limits the PRM (experiments/prm_study.py's table when it has run)."""
     return hybrid_and_oracle(data, seeds, rounds, img) + prm_quality(data, seeds, rounds) + prm_study_table(ex) + [
         "", PLACEHOLDER]
 
@@ -432,7 +430,7 @@ def prm_quality(data: dict, seeds: list[int], rounds: list[int]) -> list[str]:
 
 
 def prm_study_table(ex: Experiments) -> list[str]:
-    """Every study bench/prm_study.py kept (`--figures`), one row per run and variant; nothing when none ran."""
+    """Every study experiments/prm_study.py kept (`--figures`), one row per run and variant; nothing when none ran."""
     kept = [read_json(p) for p in sorted((ex.figures / "prm-study").glob("*.json"))]
     if not kept:
         return []
@@ -441,7 +439,7 @@ def prm_study_table(ex: Experiments) -> list[str]:
     head = ["seed", "collected a round", *prm_study.header(rounds_run)]
     lines = [[str(k["seed"]), f"{k['collect'][0]} prompts x {k['collect'][1]}", *row]
              for k in kept for row in prm_study.rows(k["results"], rounds_run)]
-    return ["", "What limits the PRM (`python bench/prm_study.py --run RUN --figures docs/experiments`, on verifier "
+    return ["", "What limits the PRM (`python -m experiments.prm_study --run RUN --figures docs/experiments`, on verifier "
             "arms, whose shards do not depend on the PRM): each variant retrains the PRM round after round on RUN's "
             "shards as the RM phase does; step AUC against gold on the round's policy sampled "
             f"{kept[0].get('samples_per_test_problem')} times on every held-out test problem (in brackets: on the "
@@ -475,7 +473,7 @@ def keep_verdicts(text: str, old: Path) -> str:
 
 
 def keep_study(text: str, old: Path) -> str:
-    """Put back bench/credit_study.py's section (between its markers) that an earlier report had."""
+    """Put back experiments/credit_study.py's section (between its markers) that an earlier report had."""
     if not old.exists() or BEGIN not in (before := old.read_text()):
         return text
     return with_study(text, BEGIN + before.partition(BEGIN)[2].partition(END)[0] + END)
@@ -502,9 +500,3 @@ def _log_summary(ex: Experiments, path: Path, img: Path) -> None:
     MlflowClient().log_artifact(run, str(path))
     MlflowClient().log_artifacts(run, str(img), "img")
     tracking.finish(run)
-
-
-if __name__ == "__main__":
-    import experiments
-
-    experiments.main([*sys.argv[1:], "--report-only"])

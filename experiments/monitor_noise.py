@@ -7,8 +7,8 @@ directory this prints the calibration gap recomputed from the slice (it must equ
 standard error by a bootstrap over the slice's prompts, and the rise the next round's monitor read against
 it, in those standard errors (a frozen RM's rises in every later round).
 
-    python bench/monitor_noise.py runs/quickstart               # every RM kind with a calibration
-    python bench/monitor_noise.py runs/quickstart --kinds prm --resamples 4000
+    python -m experiments.monitor_noise runs/quickstart               # every RM kind with a calibration
+    python -m experiments.monitor_noise runs/quickstart --kinds prm --resamples 4000
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
 import numpy as np
 
 from pipeline.eval_phase import hacking_gap

@@ -8,9 +8,9 @@ problems' difficulty cancels; the unpaired SE beside it is what two independent 
 `--seeds` repeats the sampling with other seeds: the spread of a sampled metric's difference across seeds
 is the sampling noise alone.
 
-    python bench/round_noise.py runs/smollm2-arith --rounds 0 1 2 --seeds 0 1
-    python bench/round_noise.py runs/smollm2-arith --rounds 0 --policy runs/other/round-002/policy
-    python bench/round_noise.py runs/smollm2-arith --rounds 0 2 --fresh 300     # 400 problems: half the SE
+    python -m experiments.round_noise runs/smollm2-arith --rounds 0 1 2 --seeds 0 1
+    python -m experiments.round_noise runs/smollm2-arith --rounds 0 --policy runs/other/round-002/policy
+    python -m experiments.round_noise runs/smollm2-arith --rounds 0 2 --fresh 300     # 400 problems: half the SE
 
 `--fresh N` adds N problems that neither of the run's splits holds (the embedded set only): its generator draws
 problems in a fixed order, test first, then train, so the N drawn after the run's `num_train` training problems
@@ -23,7 +23,6 @@ import argparse
 import json
 from pathlib import Path
 
-import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
 import numpy as np
 
 from pipeline.eval_phase import held_out_problems

@@ -1,44 +1,14 @@
-"""DeepSeekMath's comparisons on the embedded problem set, at fixed budgets, with several seeds each: the runner.
+"""DeepSeekMath's comparisons on the embedded problem set: the arms, and the units that run them.
 
-Every arm is a pipeline run (the `iterative-rl` flow on configs/experiments.yaml plus overrides) in
-`<runs-dir>/<arm>-s<seed>`, so a restarted command resumes where it stopped; all of them log to one MLflow
-experiment (`iterative-grpo-experiments`), a parent run per arm and seed. Each seed's SFT bootstrap is
-trained once (`<runs-dir>/sft-s<seed>`) and is every arm's round-0 policy, so the arms of a seed differ
-only from round 1 on. Twelve arms (`ARMS`) and one collection-only unit:
-
-  prm       GRPO, process supervision, RMs retrained each round with 10% replay (the quickstart);
-            evaluated with 64 samples per problem for Maj@K / Pass@K and best-of-N up to 64
-  orm       GRPO, outcome supervision by the ORM alone
-  verifier  GRPO, outcome supervision by the verifier alone
-  rft       Online RFT: the verifier's 0/1 reward is the advantage, no baseline (DeepSeekMath §5.2.1)
-  frozen    as prm, the round-0 RMs frozen (reward_model.retrain: false)
-  noreplay  as prm, the RMs retrained without replay (reward_model.replay_fraction: 0)
-  exploit   as frozen, the frozen RMs deliberately exploitable (reward_model.exploit): every score of a
-            completion whose Answer line repeats the first step's result, the slip the SFT data teaches, gets +2;
-            the reward-hacking monitor must fire on it
-  hybrid-*  four arms (`HYBRID_GRID`): the verifier's outcome advantage plus w times the PRM's process advantage,
-            sum or min credit; run on the first seed only, the best of them then on the others with `--only ARM`
-  oracle    as prm, the exact gold step labels as the step rewards (reward_model.oracle: gold)
-  mc        collection only: MC step labels' agreement with the gold labels against N, hard and soft
-
-Each finished unit's figures (every round's metrics, its wall time, the commit and the machine it ran on) are kept
-in `docs/experiments/<unit>.json`, committed with the report: a unit with its figures there is done, so the
-comparisons can be run in parts on machines that do not keep `runs/` (a seed's SFT bootstrap is retrained where an
-arm of it still has to run). After each seed, and at the end, bench/experiments_report.py rebuilds `docs/results.md`
-and its plots in `docs/img/` from those figures. Run from the repository root (minutes of units on 2 cores, pinned
-AVX2 kernels, from the committed units of 2026-12-03: a seed's arms and its SFT and MC units 75-80 min, the
-first seed's hybrid grid about 35 min more, one arm 6-13 min):
-
-  python bench/experiments.py                   # everything: about 4.5 hours (docs/results.md: 292 min of units,
-                                                #   the chosen hybrid arm on seeds 1 and 2 included)
-  python bench/experiments.py --smoke           # mini budgets, 1 seed, 1 round, ~2 min (runs/experiments-smoke)
-  python bench/experiments.py --only rft --only frozen
-  python bench/experiments.py --only hybrid-min-w0.5 --seeds 1 2   # the chosen hybrid arm on the other seeds
-  python bench/experiments.py --report-only     # rebuild the report (= python bench/experiments_report.py)
+What an arm changes in configs/experiments.yaml (`ARMS`, `arm_overrides`), the smoke run's budgets, and
+`Experiments`: the runs directory, a status file of finished units with their wall times, and each finished unit's
+figures kept in `docs/experiments/<unit>.json`. The command that runs them is `python -m experiments`
+(experiments/__main__.py); the report is experiments/report.py.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -48,11 +18,19 @@ import time
 import traceback
 from pathlib import Path
 
+import yaml
+
+from bench._common import MINI, ROOT
+from pipeline.loading import load_config
+from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
 # The same code and seed on another CPU trains to other figures (docs/lab/results-history.md section 8): torch and MKL pick
 # their kernels by the CPU's instruction set, and a sum in another order ends elsewhere. Every x86-64 machine
 # here has AVX2, so the units run on its kernels, at 2 threads, and a seed's arms run on two machines compute
 # alike (seen: sft-s0's train loss 0.2598 on an AVX-512 machine pinned to AVX2, as on an AVX2 one; 0.2672 there
-# unpinned). Read once, when torch loads: so the script starts itself again with them set. --native: the CPU's own.
+# unpinned). Read once, when torch loads: so the command starts itself again with them set. --native: the CPU's own.
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2"}
 
 
@@ -61,14 +39,11 @@ def pinned() -> bool:
     return all(os.environ.get(k) == v for k, v in PINNED.items())
 
 
-if __name__ == "__main__" and "--native" not in sys.argv and not pinned():
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED})
+def restart_pinned(module: str, argv: list[str]) -> None:
+    """Start `python -m <module> <argv>` again on the pinned kernels and threads, unless they are set (or --native)."""
+    if "--native" not in argv and not pinned():
+        os.execve(sys.executable, [sys.executable, "-m", module, *argv], {**os.environ, **PINNED})
 
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-from _common import ROOT  # noqa: E402  (sets sys.path, quiet warnings and tqdm)
-
-from pipeline.loading import load_config  # noqa: E402
-from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic  # noqa: E402
 
 EXPERIMENT = "iterative-grpo-experiments"
 # Hybrid supervision (verifier outcome advantage + w * PRM process advantage): a grid of credit and weight run
@@ -97,19 +72,25 @@ EXPLOIT = {"pattern": r"\A[^\n]*=[ \t]*(-?\d+)[ \t]*\n(?:[^\n]*\n)*?Answer:[ \t]
            "clip": False}
 MC_NS = (1, 2, 4, 8, 16)
 
-# Mini sizes (tests/conftest.py's mini_config): the whole smoke run in a few minutes.
-SMOKE = [
-    "policy.tiny.hidden_size=64", "policy.tiny.num_layers=2", "policy.tiny.num_heads=2",
-    "policy.tiny.intermediate_size=128", "policy.tiny.max_position_embeddings=96",
-    "problems.arithmetic.num_train=400", "problems.arithmetic.num_test=20", "problems.arithmetic.max_steps=2",
-    "bootstrap.sft_args.num_train_epochs=2", "bootstrap.sft_args.learning_rate=3e-3",
-    "supervision.prompts_per_round=16", "grpo.max_steps=2", "grpo.num_generations=4",
-    "grpo.per_device_train_batch_size=8", "grpo.max_completion_length=32",
-    "collect.prompts_per_round=6", "collect.samples_per_prompt=2", "collect.rollouts_per_step=2",
-    "collect.max_new_tokens=32", "reward_model.holdout_fraction=0.34", "reward_model.train_args.num_train_epochs=1",
-    "reward_model.train_args.per_device_train_batch_size=8", "eval.num_problems=8", "eval.samples_per_problem=8",
-    "eval.max_new_tokens=32", "eval.best_of_n=[2,4]",
-]
+# The smoke run: configs/mini.yaml's sizes and budgets at these keys (the whole run in a few minutes), 8 eval samples.
+SMOKE_KEYS = ("policy.tiny", "problems.arithmetic.num_train", "problems.arithmetic.num_test",
+              "problems.arithmetic.max_steps", "bootstrap.sft_args.num_train_epochs", "bootstrap.sft_args.learning_rate",
+              "supervision.prompts_per_round", "grpo.max_steps", "grpo.num_generations",
+              "grpo.per_device_train_batch_size", "grpo.max_completion_length", "collect", "reward_model.holdout_fraction",
+              "reward_model.train_args.num_train_epochs", "reward_model.train_args.per_device_train_batch_size",
+              "eval.num_problems", "eval.max_new_tokens", "eval.best_of_n")
+
+
+def smoke_overrides() -> list[str]:
+    """`--set` overrides of configs/mini.yaml's values at `SMOKE_KEYS` (a section: each of its keys)."""
+    mini, out = yaml.safe_load(MINI.read_text()), []
+    for key in SMOKE_KEYS:
+        value = mini
+        for part in key.split("."):
+            value = value[part]
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        out += [f"{key}{'' if k is None else '.' + k}={json.dumps(v)}" for k, v in items]
+    return out + ["eval.samples_per_problem=8"]
 
 
 def arm_overrides(arm: str, smoke: bool) -> list[str]:
@@ -165,7 +146,7 @@ class Experiments:
         return self.recorded(name) is None and self.status["units"].get(name, {}).get("status") != "done"
 
     def base(self, seed: int) -> list[str]:
-        return (SMOKE if self.a.smoke else []) + [f"run.seed={seed}", f"run.runs_dir={self.runs_dir}",
+        return (smoke_overrides() if self.a.smoke else []) + [f"run.seed={seed}", f"run.runs_dir={self.runs_dir}",
                                                   f"tracking.experiment={self.a.experiment}"] + (
             [f"tracking.tracking_uri={self.a.tracking_uri}"] if self.a.tracking_uri else [])
 
@@ -304,43 +285,6 @@ def rounds_of(run_dir: Path) -> dict[int, dict]:
     return {r: m for r, m in sorted(rounds.items()) if "eval/greedy" in m}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="mini budgets, 1 seed, 1 round (~2 min)")
-    ap.add_argument("--only", action="append", choices=[*ARMS, "mc"], help="run only these arms (repeatable)")
-    ap.add_argument("--seeds", type=int, nargs="+", help="default: 0 1 2 (smoke: 0)")
-    ap.add_argument("--rounds", type=int, help="RL rounds after round 0 (default 2; smoke 1); changing it on a "
-                    "resumed command needs a new --runs-dir")
-    ap.add_argument("--mc-prompts", type=int, default=64, help="prompts of the MC-label experiment (8 samples each)")
-    ap.add_argument("--runs-dir", help="default: runs/experiments (smoke: runs/experiments-smoke)")
-    ap.add_argument("--out", help="where results.md and img/ go (default: docs; smoke: the runs dir)")
-    ap.add_argument("--figures", help="where each finished unit's figures are kept (default: docs/experiments; "
-                    "smoke: figures/ in the runs dir)")
-    ap.add_argument("--experiment", help=f"MLflow experiment (default {EXPERIMENT}; smoke: {EXPERIMENT}-smoke)")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's, ./mlflow.db; smoke: in the runs dir)")
-    ap.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
-    ap.add_argument("--native", action="store_true", help="the CPU's own kernels and thread count, not the pinned "
-                    "AVX2 ones at 2 threads (faster on some CPUs; figures then differ from another machine's)")
-    argv = sys.argv[1:] if argv is None else argv
-    a = ap.parse_args(argv)
-    from flows.console import prefect_defaults
-
-    prefect_defaults()  # igrpo run's Prefect defaults where the user set none: analytics off (no `database is locked`)
-    a.seeds = a.seeds or ([0] if a.smoke else [0, 1, 2])
-    a.rounds = a.rounds or (1 if a.smoke else 2)
-    a.runs_dir = a.runs_dir or ("runs/experiments-smoke" if a.smoke else "runs/experiments")
-    a.out = a.out or (a.runs_dir if a.smoke else "docs")
-    a.figures = a.figures or (str(Path(a.runs_dir) / "figures") if a.smoke else str(Path(a.out) / "experiments"))
-    a.experiment = a.experiment or (f"{EXPERIMENT}-smoke" if a.smoke else EXPERIMENT)
-    if a.smoke and not a.tracking_uri:
-        a.tracking_uri = f"sqlite:///{Path(a.runs_dir).resolve() / 'mlflow.db'}"
-    Path(a.runs_dir).mkdir(parents=True, exist_ok=True)
-    # The command that made the runs: a rebuilt report names that one, not --report-only.
-    command = " ".join(["python bench/experiments.py", *(x for x in argv if x != "--report-only")])
-
-    stoppable("experiments", lambda: run_all(a, command))
-
-
 def stoppable(prog: str, work) -> None:
     """`work()` with igrpo run's stop handling: a SIGTERM or Ctrl-C ends the arm as `igrpo run` would (resumable),
     and the exit (128 + the signal) unwinds, so Prefect's ephemeral server stops with us instead of outliving the
@@ -355,34 +299,3 @@ def stoppable(prog: str, work) -> None:
                 raise
             print(f"{prog}: stopped by {signal.Signals(code - 128).name}; the same command resumes", file=sys.stderr)
             sys.exit(code)
-
-
-def run_all(a: argparse.Namespace, command: str) -> None:
-    """Every pending unit, seed by seed, the report rebuilt after each seed and at the end."""
-    from experiments_report import report  # imported here: the report reads this module's arms
-
-    start = time.perf_counter()
-    ex = Experiments(a)
-    wanted = a.only or [*ARMS, "mc"]
-    if not a.report_only:
-        # Seed by seed, so an interrupted command still has whole comparisons for the seeds it finished.
-        for seed in a.seeds:
-            # The hybrid grid is chosen on the first seed: on the others only the chosen arm, asked for by name.
-            arms = [x for x in ARMS if x in wanted
-                    and (x not in HYBRID_ARMS or seed == a.seeds[0] or x in (a.only or []))]
-            todo = [u for u in (["mc"] if "mc" in wanted else []) + arms if ex.pending(f"{u}-s{seed}")]
-            if not todo:
-                continue
-            if not ex.sft_path(seed).exists():  # the first time, or its figures kept from another machine's runs
-                ex.unit(f"sft-s{seed}", lambda s=seed: ex.sft(s), again=True)
-            if not ex.sft_path(seed).exists():
-                continue
-            for u in todo:
-                ex.unit(f"{u}-s{seed}", lambda x=u, s=seed: ex.mc(s) if x == "mc" else ex.arm(x, s))
-            report(ex, command, time.perf_counter() - start, log=False)
-    path = report(ex, command, None if a.report_only else time.perf_counter() - start)
-    print(f"report: {path} ({(time.perf_counter() - start) / 60:.1f} min)")
-
-
-if __name__ == "__main__":
-    main()

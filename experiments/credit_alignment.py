@@ -15,8 +15,8 @@ advantages, though the tokens' gradients are not orthogonal), and by the RMS of 
 PRM's within-position step AUC against gold on the same samples is printed too. A setting whose cosine with the
 oracle is near 0 gives the policy noise to follow, whatever its scale.
 
-    python bench/credit_alignment.py runs/smollm2-arith-position --round 0 --prompts 100
-    python bench/credit_alignment.py runs/smollm2-arith-position --round 1 --prm runs/other/round-001/reward_model/prm
+    python -m experiments.credit_alignment runs/smollm2-arith-position --round 0 --prompts 100
+    python -m experiments.credit_alignment runs/smollm2-arith-position --round 1 --prm runs/other/round-001/reward_model/prm
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import json
 import tempfile
 from pathlib import Path
 
-import _common  # noqa: F401  (quiet warnings, the checkout on sys.path)
 import torch
 
 from pipeline.advantages import (

@@ -3,9 +3,9 @@
 Tasks: `quickstart` (configs/quickstart.yaml: 2-3-operation chains, slips on the Answer line) and `long-chains`
 (configs/long-chains.yaml: 5-6 operations, half the SFT slips at the middle step). Each arm is a pipeline run on the
 task's config plus its overrides (`ARMS`), in `<runs-dir>/<task>/<arm>-s<seed>`, from the seed's SFT policy,
-trained once (`sft-s<seed>`) as bench/experiments.py does; each finished unit's figures are kept in
+trained once (`sft-s<seed>`) as `python -m experiments` does; each finished unit's figures are kept in
 `docs/experiments/credit/<task>/<unit>.json`, and the report, the section "Process rewards that pay" of
-docs/results.md, is rebuilt from them after every unit (the rest of that file is bench/experiments.py's); the
+docs/results.md, is rebuilt from them after every unit (the rest of that file is experiments/report.py's); the
 verdicts written by hand under its tables (paragraphs opening "**What held") are kept.
 
   verifier             GRPO, outcome supervision by the verifier (the baseline every gap is taken against)
@@ -17,32 +17,25 @@ verdicts written by hand under its tables (paragraphs opening "**What held") are
   <arm>-centred        the arm with supervision.process_centring=group (`--centred ARM`)
   <arm>-w<W>           the arm with supervision.process_weight=W (`--only prm-progress-w3`); -w<W>-centred both
 
-Run from the repository root, pinned to the AVX2 kernels at 2 threads (as bench/experiments.py):
+Run from the repository root, pinned to the AVX2 kernels at 2 threads (as `python -m experiments`):
 
-  python bench/credit_study.py --tasks quickstart --seeds 0            # one seed's six arms
-  python bench/credit_study.py --tasks long-chains --seeds 0 --only verifier --only oracle-progress
-  python bench/credit_study.py --report-only
+  python -m experiments.credit_study --tasks quickstart --seeds 0            # one seed's six arms
+  python -m experiments.credit_study --tasks long-chains --seeds 0 --only verifier --only oracle-progress
+  python -m experiments.credit_study --report-only
 """
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from experiments import PINNED, Experiments, pinned, rounds_of, stoppable
-from experiments_report import BEGIN, END, with_study
-
-if __name__ == "__main__" and "--native" not in sys.argv and not pinned():
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED})
-
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-from _common import ROOT, table  # noqa: E402
-
-from pipeline.loading import load_config  # noqa: E402
+from bench._common import ROOT, table
+from experiments.report import BEGIN, END, with_study
+from experiments.runner import Experiments, restart_pinned, rounds_of, stoppable
+from pipeline.loading import load_config
 
 TASKS = {"quickstart": "configs/quickstart.yaml", "long-chains": "configs/long-chains.yaml"}
 # PAV's form: the outcome advantage plus the progress of the token's own step, unnormalised (REFERENCE.md).
@@ -77,7 +70,7 @@ def overrides(arm: str) -> list[str]:
 
 
 class Study(Experiments):
-    """bench/experiments.py's units on a task's config, with this study's arms."""
+    """The runner's units (experiments/runner.py) on a task's config, with this study's arms."""
 
     def __init__(self, a: argparse.Namespace, task: str):
         self.task = task
@@ -146,7 +139,7 @@ def task_section(kept: dict[str, dict], last: int) -> list[str]:
 def report(a: argparse.Namespace, out: Path) -> Path:
     """Rewrite the study's section of `out` (docs/results.md), between its markers, from the kept figures."""
     md = ["## Process rewards that pay (issue 39)", "",
-          f"Command: `python bench/credit_study.py` (the tasks and seeds of each unit below); {time.strftime('%Y-%m-%d')}."
+          f"Command: `python -m experiments.credit_study` (the tasks and seeds of each unit below); {time.strftime('%Y-%m-%d')}."
           " Each arm starts from its seed's SFT policy and runs round 0 and "
           f"{a.rounds} RL rounds on the task's config (its budgets, `configs/<task>.yaml`) plus the arm's overrides:",
           "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
@@ -215,4 +208,5 @@ def run(a: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    restart_pinned("experiments.credit_study", sys.argv[1:])
     main()

@@ -22,11 +22,11 @@ another, e.g. a wider and deeper tiny model SFT'd on the same data (backbone cap
   igrpo bootstrap configs/quickstart.yaml --set run.seed=0 --set policy.tiny.hidden_size=256 ...
       --set bootstrap.sft_args.learning_rate=1e-3 --out DIR      # ~12 min on 2 cores; 2e-3 trains it badly
 
-  python bench/prm_study.py --run runs/experiments/verifier-s0          # ~15 min on 2 cores
-  python bench/prm_study.py --run ... --only default --only hard        # some variants
-  python bench/prm_study.py --run ... --rounds 0                        # some rounds (warm starts chain within them)
+  python -m experiments.prm_study --run runs/experiments/verifier-s0    # ~15 min on 2 cores
+  python -m experiments.prm_study --run ... --only default --only hard  # some variants
+  python -m experiments.prm_study --run ... --rounds 0                  # some rounds (warm starts chain within them)
 Results: `<run>/prm_study/results.json` (resumable: finished variant-rounds are kept), a table on stdout; with
-`--figures docs/experiments` also kept as docs/experiments/prm-study/<run>.json, which bench/experiments.py's report
+`--figures docs/experiments` also kept as docs/experiments/prm-study/<run>.json, which experiments/report.py
 tabulates in docs/results.md (every kept run, by seed and by how much the run collected a round). More rows a round
 is not a variant (the study cannot add samples): run the verifier arm with a larger `collect.prompts_per_round`
 or `collect.samples_per_prompt` and study that run.
@@ -42,11 +42,10 @@ import sys
 import time
 from pathlib import Path
 
-from _common import table  # (also sets sys.path, quiet warnings and tqdm)
-
-from pipeline.eval_phase import held_out_problems  # noqa: E402
-from pipeline.loading import config_from_dict  # noqa: E402
-from pipeline.rundir import Manifest, RunDir, read_json, write_json_atomic  # noqa: E402
+from bench._common import table
+from pipeline.eval_phase import held_out_problems
+from pipeline.loading import config_from_dict
+from pipeline.rundir import Manifest, RunDir, read_json, write_json_atomic
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
