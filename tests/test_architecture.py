@@ -1,10 +1,12 @@
 """The shape of the house, over every folder of code but the tests (the packages, bench/, experiments/, any other
 script folder): no import cycle; no function over 80 lines of code; no script that imports the tests or edits
-`sys.path`; the config and its tables (supervision modes, RM kinds) import without torch."""
+`sys.path`; the config and its tables (supervision modes, RM kinds) import without torch; `pipeline/` never imports
+`flows/`; no test module imports another; docs/extending.md's module map matches the tree."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +160,48 @@ def test_the_config_and_its_tables_import_without_torch():
             "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- the layout ----------------------------------------------------------------------------------------
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def test_pipeline_never_imports_flows():
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*.py")
+                 if any(m == "flows" or m.startswith("flows.") for m in _imports(p))]
+    assert offenders == []
+
+
+def test_no_test_module_imports_another_or_conftest():
+    """Shared functions and constants live in tests/helpers.py, fixtures in conftest.py: a module of tests/ that
+    imports a test module (or conftest) runs its import-time work and ties the two files' tests together."""
+    def imported(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module:
+                names |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}  # `from tests import test_x` too
+        return names
+
+    def a_test_module(name: str) -> bool:
+        last = name.split(".")[-1]
+        return last == "conftest" or last.startswith("test_")
+
+    offenders = {p.name: sorted(filter(a_test_module, imported(p))) for p in (ROOT / "tests").glob("*.py")}
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_the_module_map_matches_the_tree():
+    page = (ROOT / "docs" / "extending.md").read_text()
+    section = page[page.index("## Module map"):]
+    listed = set(re.findall(r"^\| `((?:pipeline|models|flows)/[\w/]+(?:\.py|/))` \|", section, flags=re.M))
+    tree = {str(p.relative_to(ROOT)) for d in ("pipeline", "models", "flows") for p in (ROOT / d).glob("*.py")
+            if p.name != "__init__.py"}
+    tree |= {f"{p.relative_to(ROOT)}/" for d in ("pipeline", "models", "flows") for p in (ROOT / d).iterdir()
+             if p.is_dir() and (p / "__init__.py").exists()}
+    assert listed == tree

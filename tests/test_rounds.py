@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,6 @@ from pipeline.phases import PHASES, PhaseResult, recorded
 from pipeline.rounds import open_run
 from pipeline.rundir import Manifest, RunDirError, phase_key, write_json_atomic
 from tests.helpers import mini_config
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _walk_round(cfg, r: int) -> list:
@@ -133,139 +129,3 @@ def test_a_changed_field_is_still_refused_on_resume(tmp_path, mlflow_tmp):
         open_run(cfg)
     assert "workers" not in str(e.value)
     open_run(cfg, force=True)
-
-
-# --- the layout ----------------------------------------------------------------------------------------
-
-
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    return names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-
-
-def test_pipeline_never_imports_flows():
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*.py")
-                 if any(m == "flows" or m.startswith("flows.") for m in _imports(p))]
-    assert offenders == []
-
-
-def test_no_test_module_imports_another_or_conftest():
-    """Shared functions and constants live in tests/helpers.py, fixtures in conftest.py: a module of tests/ that
-    imports a test module (or conftest) runs its import-time work and ties the two files' tests together."""
-    def imported(path: Path) -> set[str]:
-        tree = ast.parse(path.read_text())
-        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        for n in ast.walk(tree):
-            if isinstance(n, ast.ImportFrom) and n.module:
-                names |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}  # `from tests import test_x` too
-        return names
-
-    def a_test_module(name: str) -> bool:
-        last = name.split(".")[-1]
-        return last == "conftest" or last.startswith("test_")
-
-    offenders = {p.name: sorted(filter(a_test_module, imported(p))) for p in (ROOT / "tests").glob("*.py")}
-    assert {name: found for name, found in offenders.items() if found} == {}
-
-
-def test_the_module_map_matches_the_tree():
-    page = (ROOT / "docs" / "extending.md").read_text()
-    section = page[page.index("## Module map"):]
-    listed = set(re.findall(r"^\| `((?:pipeline|models|flows)/[\w/]+(?:\.py|/))` \|", section, flags=re.M))
-    tree = {str(p.relative_to(ROOT)) for d in ("pipeline", "models", "flows") for p in (ROOT / d).glob("*.py")
-            if p.name != "__init__.py"}
-    tree |= {f"{p.relative_to(ROOT)}/" for d in ("pipeline", "models", "flows") for p in (ROOT / d).iterdir()
-             if p.is_dir() and (p / "__init__.py").exists()}
-    assert listed == tree
-
-
-# --- igrpo eval: the eval phase's code on any policy ----------------------------------------------------
-
-
-@pytest.mark.slow  # the session's finished mini run
-def test_igrpo_eval_gives_best_of_n_for_the_reward_models_given_and_remakes_a_rounds_eval_json(finished, tmp_path,
-                                                                                             capsys):
-    import math
-
-    from flows.cli import main
-    from pipeline.rundir import RunDir, read_json
-
-    run = RunDir(finished.cfg.run_dir)
-    policy, prm, orm = run.policy(2), run.reward_model(2, "prm"), run.reward_model(2, "orm")
-    base = ["eval", str(finished.root / "mini.yaml"), "--policy", str(policy)]
-
-    assert main([*base, "--out", str(tmp_path / "plain.json")]) == 0
-    plain = read_json(tmp_path / "plain.json")["metrics"]
-    assert {"eval/greedy", "eval/maj@4", "bon/majority@2", "bon/random@4"} <= set(plain)
-    assert not any(k.startswith(("bon/prm", "bon/orm", "monitor/")) for k in plain)  # no RM, no shard: skipped
-
-    assert main([*base, "--reward-model", f"prm={prm}", "--out", str(tmp_path / "prm.json")]) == 0
-    with_prm = read_json(tmp_path / "prm.json")["metrics"]
-    assert {"bon/prm@2", "bon/prm@4", "bon/prm_vote@2", "bon/prm_vote@4"} <= set(with_prm)
-    assert not any(k.startswith("bon/orm") for k in with_prm)
-    timings = ("eval/completions_per_s",)
-    same = lambda a, b: a == b or (math.isnan(a) and math.isnan(b))  # noqa: E731  (no gold step AUC: NaN)
-    assert {k for k in with_prm if k in plain} == set(plain)
-    assert all(same(with_prm[k], v) for k, v in plain.items() if k not in timings)  # the same seeded samples
-    printed = capsys.readouterr().out.split("metric ")[-1].splitlines()[1:]  # the table of the last command
-    assert len(printed) == len(with_prm) and len({len(line) for line in printed}) == 1, printed  # values aligned
-    assert {line.split()[0]: float(line.split()[1]) for line in printed}["bon/prm_vote@4"] == pytest.approx(
-        with_prm["bon/prm_vote@4"], abs=5e-5)
-
-    # --round R samples as round R's eval phase did (seed run.seed + R): with that round's RMs, its eval.json remade
-    # (all but the monitor's figures, which read the round's shard).
-    assert main([*base, "--round", "2", "--reward-model", f"prm={prm}", "--reward-model", f"orm={orm}",
-                 "--out", str(tmp_path / "round2.json")]) == 0
-    remade = read_json(tmp_path / "round2.json")["metrics"]
-    recorded = {k: v for k, v in read_json(run.eval_json(2))["metrics"].items() if not k.startswith("monitor/")}
-    assert set(remade) == set(recorded)
-    assert {k for k in recorded if k not in timings and not same(remade[k], recorded[k])} == set()
-
-    assert main([*base, "--reward-model", str(prm)]) == 2
-    assert "--reward-model takes KIND=PATH" in capsys.readouterr().err
-
-
-# --- a kill between creating an MLflow run and recording it --------------------------------------------------
-
-
-@pytest.mark.usefixtures("isolated")
-def test_a_kill_after_an_mlflow_run_is_created_but_not_recorded_does_not_double_it(tmp_path, monkeypatch):
-    """Seen in `bench/faults.py --kills 2 --seed 4`: a SIGKILL at start-up, after the parent run was created and
-    before the manifest recorded it, left two parent runs named after the run once it was resumed. The same
-    window is there for every round, phase and model run."""
-    from mlflow import MlflowClient
-
-    from pipeline import tracking
-    from pipeline.rounds import phase_runs
-
-    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
-    client = MlflowClient(cfg.tracking.tracking_uri)
-
-    def named(name: str) -> list[str]:
-        experiment = client.get_experiment_by_name("mini").experiment_id
-        return [r.info.run_id for r in client.search_runs([experiment]) if r.info.run_name == name]
-
-    def killed(*args, **kwargs):
-        raise KeyboardInterrupt  # the process dies here: nothing after it runs
-
-    with monkeypatch.context() as m:  # killed right after the parent run is created
-        m.setattr(tracking, "log_params", killed)
-        with pytest.raises(KeyboardInterrupt):
-            open_run(cfg)
-    assert len(named("mini")) == 1 and "parent" not in Manifest.load(cfg.run_dir).data["mlflow"]
-    manifest = open_run(cfg)  # the resume finds it
-    assert named("mini") == [manifest.mlflow_run("parent")]
-
-    with monkeypatch.context() as m:  # killed right after round 0's run is created
-        m.setattr(Manifest, "set_mlflow_run", killed)
-        with pytest.raises(KeyboardInterrupt):
-            phase_runs(manifest, cfg, 0, PHASES["collect"])
-    runs = phase_runs(Manifest.load(cfg.run_dir), cfg, 0, PHASES["collect"])
-    assert len(named("round-000")) == 1 and named("round-000-collect") == [runs.run_id]
-
-    # A run directory deleted and started over is a new run: it never adopts the runs of the one before.
-    import shutil
-
-    shutil.rmtree(cfg.run_dir)
-    assert open_run(cfg).mlflow_run("parent") != manifest.mlflow_run("parent") and len(named("mini")) == 2

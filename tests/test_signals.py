@@ -23,7 +23,9 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.loading import config_from_dict
-from pipeline.rundir import last_checkpoint, phase_key, read_json
+from pipeline.phases import PHASES
+from pipeline.rounds import open_run
+from pipeline.rundir import Manifest, last_checkpoint, phase_key, read_json
 from tests.helpers import NAME, SIZES, assert_complete_run, child_env, mini_config, mlflow_structure, stop_run
 
 # A body that works until signalled; its cleanup then finishes ("clean") or never ends ("hang").
@@ -399,3 +401,48 @@ def test_a_store_on_a_network_filesystem_keeps_sqlites_default_mode(mlflow_tmp, 
     shared = str(Path(local).with_name("shared.db"))
     tracking.connect(f"sqlite:///{shared}", "shared")
     assert journal_mode(shared) == "delete"
+
+
+# --- a kill between creating an MLflow run and recording it --------------------------------------------------
+
+
+@pytest.mark.usefixtures("isolated")
+def test_a_kill_after_an_mlflow_run_is_created_but_not_recorded_does_not_double_it(tmp_path, monkeypatch):
+    """Seen in `python -m bench.faults --kills 2 --seed 4`: a SIGKILL at start-up, after the parent run was created and
+    before the manifest recorded it, left two parent runs named after the run once it was resumed. The same
+    window is there for every round, phase and model run."""
+    from mlflow import MlflowClient
+
+    from pipeline import tracking
+    from pipeline.rounds import phase_runs
+
+    cfg = config_from_dict(mini_config(tmp_path), check_trl=False)
+    client = MlflowClient(cfg.tracking.tracking_uri)
+
+    def named(name: str) -> list[str]:
+        experiment = client.get_experiment_by_name("mini").experiment_id
+        return [r.info.run_id for r in client.search_runs([experiment]) if r.info.run_name == name]
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the process dies here: nothing after it runs
+
+    with monkeypatch.context() as m:  # killed right after the parent run is created
+        m.setattr(tracking, "log_params", killed)
+        with pytest.raises(KeyboardInterrupt):
+            open_run(cfg)
+    assert len(named("mini")) == 1 and "parent" not in Manifest.load(cfg.run_dir).data["mlflow"]
+    manifest = open_run(cfg)  # the resume finds it
+    assert named("mini") == [manifest.mlflow_run("parent")]
+
+    with monkeypatch.context() as m:  # killed right after round 0's run is created
+        m.setattr(Manifest, "set_mlflow_run", killed)
+        with pytest.raises(KeyboardInterrupt):
+            phase_runs(manifest, cfg, 0, PHASES["collect"])
+    runs = phase_runs(Manifest.load(cfg.run_dir), cfg, 0, PHASES["collect"])
+    assert len(named("round-000")) == 1 and named("round-000-collect") == [runs.run_id]
+
+    # A run directory deleted and started over is a new run: it never adopts the runs of the one before.
+    import shutil
+
+    shutil.rmtree(cfg.run_dir)
+    assert open_run(cfg).mlflow_run("parent") != manifest.mlflow_run("parent") and len(named("mini")) == 2
