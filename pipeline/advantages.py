@@ -299,15 +299,70 @@ def _credited(completion: Tensor, end: Tensor, value: Tensor, batch_size: int, l
     return advantages.to(torch.float32)  # (B, T)
 
 
-def group_means(values: Sequence[float], group_size: int) -> list[float]:
-    """Each completion's group's mean of `values` (B of them, G consecutive ones a group).
+def leave_one_out_means(values: Sequence[float], group_size: int) -> list[float]:
+    """Each completion's mean of the *other* completions' `values` in its group (B of them, G consecutive ones a
+    group): PAV's V_0, the prompt's value estimated without the output being credited (arXiv 2410.08146).
 
-    >>> group_means([1.0, 0.0, 1.0, 1.0], 2)
-    [0.5, 0.5, 1.0, 1.0]
+    A group of one has no other output: its own value is taken, so its progress nets V_K - V_0 = 0 (no signal,
+    as GRPO's outcome advantage of a group of one is 0).
+
+    >>> leave_one_out_means([1.0, 0.0, 0.0, 1.0, 1.0, 1.0], 3)
+    [0.0, 0.5, 0.5, 1.0, 1.0, 1.0]
+    >>> leave_one_out_means([1.0, 0.0], 1)
+    [1.0, 0.0]
     """
     _check_group_size(len(values), group_size)
-    means = [sum(values[g : g + group_size]) / group_size for g in range(0, len(values), group_size)]
-    return [m for m in means for _ in range(group_size)]
+    if group_size == 1:
+        return [float(v) for v in values]
+    sums = [sum(values[g : g + group_size]) for g in range(0, len(values), group_size)]
+    return [(sums[i // group_size] - v) / (group_size - 1) for i, v in enumerate(values)]
+
+
+def progress_anchors(step_values: Sequence[Sequence[float]], outcomes: Sequence[float],
+                     group_size: int) -> tuple[list[float], list[list[float]]]:
+    """PAV's anchors for `progress_advantages`: V_0 the leave-one-out mean of the group's other outcomes, and V_K,
+    the value after the last step, the verifier's outcome itself (REFERENCE, "Progress credit"). With both, an
+    output's progress telescopes to its outcome minus the others' mean, 0 in an all-correct or all-wrong group:
+    the process term then only moves credit between steps.
+
+    Args:
+        step_values: B lists, V[i][k] after step k from the prover (a PRM, gold labels); a completion without
+            steps (out of the loss) stays without.
+        outcomes: B verifier rewards (0/1).
+        group_size: G.
+
+    Returns:
+        (start_values, step_values): B values V_0, and B lists with the last value replaced by the outcome.
+
+    >>> progress_anchors([[0.9, 0.8], [0.7], []], [1.0, 1.0, 0.0], 3)
+    ([0.5, 0.5, 1.0], [[0.9, 1.0], [1.0], []])
+    """
+    if len(outcomes) != len(step_values):
+        raise ValueError(f"outcomes has {len(outcomes)} entries for {len(step_values)} completions")
+    ends = [[*v[:-1], float(o)] if len(v) else [] for v, o in zip(step_values, outcomes)]
+    return leave_one_out_means([float(o) for o in outcomes], group_size), ends
+
+
+def uniform_group_means(advantages: Tensor, lengths: Sequence[int], outcomes: Sequence[float],
+                        group_size: int) -> dict[str, float]:
+    """The per-token mean of (process) advantages over the loss tokens of the groups whose outcomes are all 1
+    ("all_correct") and of those all 0 ("all_wrong"); a key is absent where the batch has no such group (or no
+    loss token in them). Where the verifier gives no signal, a process term that is not ~0 there is a bias
+    (REFERENCE, "Progress credit": a PRM's last value in V_K's place pushes every correct output down).
+
+    >>> uniform_group_means(torch.tensor([[1.0, -1.0], [0.5, 0.0], [2.0, 2.0], [3.0, 3.0]]), [2, 1, 2, 0],
+    ...                     [1, 1, 0, 1], 2)
+    {'all_correct': 0.16666666666666666}
+    """
+    _check_group_size(len(outcomes), group_size)
+    out = {}
+    for key, want in (("all_correct", 1.0), ("all_wrong", 0.0)):
+        rows = [i for g in range(0, len(outcomes), group_size)
+                if all(float(o) == want for o in outcomes[g : g + group_size]) for i in range(g, g + group_size)]
+        used = loss_tokens(advantages[rows], [lengths[i] for i in rows]) if rows else advantages.new_zeros(0)
+        if used.numel():
+            out[key] = used.mean().item()
+    return out
 
 
 def progress_advantages(
@@ -321,16 +376,17 @@ def progress_advantages(
 
     Step k of completion i is credited with its progress, the change in the value (the probability of reaching
     the right answer) it makes: d[i][k] = V[i][k] - V[i][k-1], with V[i][0] = `start_values[i]` (for GRPO the
-    group's mean verifier reward, `group_means`: a Monte-Carlo estimate of V(q) under the policy that sampled the
-    group). Progress is already a difference against the prompt's value, so it is not normalised again. Token t
-    gets its own step's progress (`credit` "step"), or the sum ("sum": it telescopes to V[i][K] - V[i][k(t)-1])
+    mean verifier reward of the group's other outputs, a Monte-Carlo estimate of V(q) under the policy that sampled
+    them; and V[i][K] the output's own outcome: `progress_anchors`). Progress is already a difference against the
+    prompt's value, so it is not normalised again. Token t gets its own step's progress (`credit` "step"), or the sum ("sum": it telescopes to V[i][K] - V[i][k(t)-1])
     or the minimum ("min") of the progress of the steps ending at or after it; 0 after the last step end.
 
     Worked example (REFERENCE, "Progress credit": oracle values, a group of 2): output 1's steps right, right,
-    right (V = 1, 1, 1), output 2's right, wrong, wrong (V = 1, 0, 0), verifier rewards [1, 0] so V_0 = 0.5.
-    Progress: output 1 [0.5, 0, 0]; output 2 [0.5, -1, 0]. With TRL's outcome advantages [0.707, -0.707] and
+    right (V = 1, 1, 1), output 2's right, wrong, wrong (V = 1, 0, 0), verifier rewards [1, 0], V_0 = 0.5 (a prover's value of the
+    prompt). Progress: output 1 [0.5, 0, 0]; output 2 [0.5, -1, 0]. With TRL's outcome advantages [0.707, -0.707] and
     w = 1 (hybrid), output 2's step 1 gets -0.207 (the right step is penalised least), step 2 -1.707 (the
-    error, most), step 3 -0.707.
+    error, most), step 3 -0.707. GRPO's leave-one-out V_0 in this group of 2 is the other output's outcome, 0 and
+    1: progress [1, 0, 0] and [0, -1, 0], each output's summing to its outcome minus the other's.
 
     Args:
         step_values: B lists; V[i][k] after step k (a PRM's score at its end, a gold label, an MC estimate).
@@ -354,6 +410,65 @@ def progress_advantages(
     end = torch.tensor([int(e) for es in step_ends for e in es], dtype=torch.long)  # (S,)
     value = torch.tensor([d for p in progress for d in p], dtype=torch.float64)  # (S,)
     return _credited(completion, end, value, len(progress), length, credit)
+
+
+def prime_advantages(token_rewards: Tensor, outcomes: Tensor, lengths: Sequence[int], group_size: int,
+                     process_coef: float = 5.0, outcome_coef: float = 5.0) -> Tensor:
+    """PRIME's advantages from an implicit PRM's token rewards and the verifier (Cui et al., arXiv 2502.01456), as
+    verl's PRIME recipe computes them (`recipe/prime/prime_core_algos.py`, `compute_rloo_advantage_return`).
+
+    Each reward source gets its own leave-one-out baseline within the group of n outputs, the sources are weighted
+    and summed, turned into returns (reverse cumulative sums, gamma 1) and whitened over the batch's loss tokens:
+
+        process:  r'[i, t] = r[i, t] * n/(n-1) - (sum_j m_j)/(n-1)      m_j the mean token reward of output j
+        outcome:  o'[i]    = o[i] * n/(n-1) - (sum_j o_j)/(n-1)         placed on output i's last token
+        A[i, t]  = whiten( sum_{s >= t} (c_p * r'[i, s] + c_o * o'[i, s]) )
+
+    `whiten` is verl's `masked_whiten`: (x - mean) / sqrt(var + 1e-8), mean and unbiased variance over the loss
+    tokens of the whole batch. A token reward is a reward summed forward into a return, not a step value summed
+    over later steps; the baseline makes each group's process rewards, and so its process returns' sums, centred.
+
+    Worked example (n = 3, one group, lengths 2, 1, 2; c_p = c_o = 1): token rewards [0.2, 0.4], [0.3], [-0.1, 0.1]
+    have means m = 0.3, 0.3, 0 (sum 0.6): r' = r * 1.5 - 0.3 = [0, 0.3], [0.15], [-0.45, -0.15]. Outcomes [1, 1, 0]
+    give o' = o * 1.5 - 1 = 0.5, 0.5, -1 on the last tokens. Returns [0.8, 0.8], [0.65], [-1.6, -1.15]; over
+    these 5 tokens mean -0.1, unbiased std 1.1763: A = [0.7651, 0.7651], [0.6376], [-1.2752, -0.8926].
+
+    Args:
+        token_rewards: (B, T) r[i, t] = beta * log(pi_phi / pi_ref) of token t of output i (0 where the PRM
+            reads none); only the loss tokens (`t < lengths[i]`) count.
+        outcomes: (B,) the verifier's rewards.
+        lengths: B loss-token counts (0: masked out; such an output's mean token reward counts as 0 in its
+            group's baseline, as in verl, and it gets no advantage).
+        group_size: n >= 2 (the baseline needs another output).
+        process_coef, outcome_coef: c_p and c_o (PRIME's recipe: 5 and 5).
+
+    Returns:
+        (B, T) float32 advantages, 0 outside the loss tokens.
+    """
+    if group_size < 2:
+        raise ValueError(f"PRIME's leave-one-out baseline needs at least 2 outputs per prompt, got {group_size}")
+    _check_group_size(token_rewards.shape[0], group_size)
+    if outcomes.shape != (token_rewards.shape[0],) or len(lengths) != token_rewards.shape[0]:
+        raise ValueError(f"token_rewards {tuple(token_rewards.shape)}, outcomes {tuple(outcomes.shape)} and "
+                         f"{len(lengths)} lengths do not describe the same batch")
+    n, width = group_size, token_rewards.shape[1]
+    count = torch.tensor([int(x) for x in lengths], dtype=torch.float64)  # (B,)
+    mask = torch.arange(width).unsqueeze(0) < count.unsqueeze(1)  # (B, T)
+    r = torch.where(mask, token_rewards.double(), 0.0)  # (B, T)
+    m = r.sum(1) / count.clamp(min=1)  # (B,) each output's mean token reward
+    others = m.view(-1, n).sum(1).repeat_interleave(n) / (n - 1)  # (B,)
+    process = torch.where(mask, r * n / (n - 1) - others.unsqueeze(1), 0.0)  # (B, T)
+    o = outcomes.double()  # (B,)
+    o_loo = o * n / (n - 1) - o.view(-1, n).sum(1).repeat_interleave(n) / (n - 1)  # (B,)
+    last = torch.zeros_like(r)  # (B, T) the outcome on each output's last loss token
+    live = count > 0
+    last[live.nonzero().flatten(), (count[live] - 1).long()] = o_loo[live]
+    returns = (process_coef * process + outcome_coef * last).flip(1).cumsum(1).flip(1)  # (B, T)
+    used = returns[mask]  # (tokens,)
+    if used.numel() < 2:  # verl refuses a variance of fewer than 2 tokens; nothing to whiten
+        return torch.zeros_like(returns, dtype=torch.float32)
+    whitened = (returns - used.mean()) * torch.rsqrt(used.var() + 1e-8)  # (B, T) unbiased var, as verl's
+    return torch.where(mask, whitened, 0.0).to(torch.float32)  # (B, T)
 
 
 def extend_last_step(step_ends: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:

@@ -140,10 +140,17 @@ class SupervisionConfig(Section):
     process_credit: Literal["sum", "min", "step"] = Field("sum", description=(
         "Process and hybrid mode: a token's process advantage is the sum (DeepSeekMath §4.1.3) or the min "
         "(PURE, arXiv 2504.15275) of the step rewards of the steps ending at or after it, or its own step's (step)."))
-    process_reward: Literal["value", "progress"] = Field("value", description=(
+    process_reward: Literal["value", "progress", "prime"] = Field("value", description=(
         "Process and hybrid mode: a step's reward is the step scorer's value (Math-Shepherd's Q, normalised over the "
-        "group: DeepSeekMath), or its progress (PAV, arXiv 2410.08146): the change of that value over the step, "
-        "from the group's mean verifier reward before the first step, not normalised again."))
+        "group: DeepSeekMath), or its progress (PAV, arXiv 2410.08146): the change of that value over the step, from "
+        "the mean verifier reward of the group's other outputs before the first step to the output's own verifier "
+        "outcome after the last, not normalised again. prime (process mode, process_reward_model: implicit): PRIME's "
+        "advantage (arXiv 2502.01456), the implicit PRM's token rewards and the verifier's outcome, each with a "
+        "leave-one-out baseline, as returns, whitened over the batch."))
+    prime_process_coef: float = Field(5.0, ge=0, allow_inf_nan=False, description=(
+        "process_reward prime: c_p, the weight of the implicit PRM's token rewards (PRIME's recipe: 5)."))
+    prime_outcome_coef: float = Field(5.0, ge=0, allow_inf_nan=False, description=(
+        "process_reward prime: c_o, the weight of the verifier's outcome (PRIME's recipe: 5)."))
     process_baseline: Literal["group", "position"] = Field("group", description=(
         "Process and hybrid mode: a step's PRM reward is normalised with every step of its group (DeepSeekMath "
         "§4.1.3) or with the group's steps at the same index only, so a PRM's prior over positions cancels."))
@@ -197,6 +204,25 @@ class SupervisionConfig(Section):
         if self.process_reward == "progress" and self.process_baseline != "group":
             raise ValueError(f"process_baseline {self.process_baseline!r} normalises step values, and progress "
                              "(process_reward: progress) is not normalised: drop process_baseline")
+        return self
+
+    @model_validator(mode="after")
+    def _prime_applies(self):
+        fields = type(self).model_fields
+        if self.process_reward != "prime":
+            set_ = [n for n in ("prime_process_coef", "prime_outcome_coef") if getattr(self, n) != fields[n].default]
+            if set_:
+                raise ValueError(f"{', '.join(set_)} is only used with process_reward: prime: remove it")
+            return self
+        if self.mode != "process" or self.process_reward_model != "implicit":
+            raise ValueError("process_reward: prime is PRIME's advantage from the implicit PRM's token rewards and the "
+                             "verifier's outcome together: it needs mode: process (hybrid would add the outcome twice) "
+                             "and process_reward_model: implicit")
+        steps = [n for n in ("process_credit", "process_baseline", "process_centring")
+                 if getattr(self, n) != fields[n].default]
+        if steps:
+            raise ValueError(f"{', '.join(steps)} shapes step rewards, and process_reward: prime credits token "
+                             "rewards as returns with its own baselines: remove it")
         return self
 
     @model_validator(mode="after")
@@ -554,6 +580,9 @@ class PipelineConfig(Section):
         oracle = self.reward_model.oracle
         if oracle is None:
             return self
+        if self.supervision.process_reward == "prime":
+            raise ValueError(f"reward_model.oracle: {oracle!r} gives step labels, and process_reward: prime needs the "
+                             "implicit PRM's token rewards: drop the oracle, or use process_reward: progress")
         if not supervision_mode(self.supervision.mode).step_rewards:
             raise ValueError(f"reward_model.oracle: {oracle!r} replaces the PRM's step rewards, which only supervision."
                              f"mode {' or '.join(map(repr, step_reward_modes()))} uses, not {self.supervision.mode!r}; "

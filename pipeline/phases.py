@@ -81,8 +81,10 @@ def _bootstrap(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, out: str 
 def _grpo(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
           reward_models: dict[str, str] | None, out: str | None = None) -> PhaseResult:
     """GRPO from `policy` against `reward_models`, the reference model reset to `policy`."""
-    from pipeline.policy import run_policy_phase
+    from pipeline.policy import run_policy_phase, value_source
 
+    if cfg.supervision.process_reward == "progress" and runs.logging and runs.run_id:  # whose values are credited
+        tracking.log_params(runs.run_id, {"process/value_source": value_source(cfg)})
     res = run_policy_phase(cfg, problem_set_from_config(cfg), policy, out or RunDir(cfg.run_dir).policy(round_index),
                            round_index, reward_models, report_to=runs.report_to)
     return PhaseResult(res.metrics, path=str(res.policy_path))

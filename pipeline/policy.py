@@ -29,9 +29,11 @@ from pipeline.advantages import (
     advantage_stats,
     centred_advantages,
     extend_last_step,
-    group_means,
+    prime_advantages,
     process_advantages,
     progress_advantages,
+    progress_anchors,
+    uniform_group_means,
 )
 from pipeline.config import PipelineConfig, SupervisionConfig
 from pipeline.modes import AdvantageInputs, supervision_mode
@@ -43,7 +45,7 @@ from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_models_needed
 from pipeline.rundir import scratch_dir
 from pipeline.scorers import GoldStepScorer, PrmScorer
-from pipeline.steps import STEP_SEPARATOR, step_token_ends, token_spans
+from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, step_token_ends, token_spans
 
 
 @dataclass
@@ -94,6 +96,23 @@ def scored_steps(scorer, prompts: Sequence[str], rows: Sequence[CompletionSteps]
     live = [i for i, r in enumerate(rows) if r.length]
     by_row = dict(zip(live, scorer.step_scores([prompts[i] for i in live], [rows[i].text for i in live])))
     return [dedupe_steps(by_row[i], r.ends) if r.length else ([], []) for i, r in enumerate(rows)]
+
+
+def placed_token_rewards(spans: Sequence[tuple[int, int]], char_ends: Sequence[int], rewards: Sequence[float],
+                         length: int) -> list[float]:
+    """A completion's token rewards, read by a scorer in its own tokenization, put on the policy's `length` tokens:
+    each reward on the policy token holding the character its token ends on (`spans`: the text each policy token
+    adds, `steps.token_spans`), summed where several land on one. With the policy's own tokenizer that is one
+    reward per token; the eos adds no text, so it gets none.
+
+    >>> placed_token_rewards([(0, 2), (2, 3), (3, 3)], [0, 1, 2], [0.5, 0.25, -1.0], 3)
+    [0.75, -1.0, 0.0]
+    """
+    out = [0.0] * length
+    if char_ends:
+        for k, r in zip(char_to_token_ends(spans, char_ends), rewards):
+            out[k] += r
+    return out
 
 
 def prompt_texts(inputs: list[dict], tokenizer, template_kwargs: dict | None = None) -> list[str]:
@@ -204,23 +223,45 @@ class ProcessGRPOTrainer(GRPOTrainer):
             live = [(prompts[i], r.text, outcomes[i]) for i, r in enumerate(rows) if r.length]  # masked: out
             if live:
                 self.prm_scorer.update(*zip(*live))
-        steps = scored_steps(self.prm_scorer, prompts, rows)  # a masked completion is not even scored
-        all_scores, all_ends = gather_object([s for s, _ in steps]), gather_object([e for _, e in steps])
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         width = max([ids.shape[1], *all_lengths])
+        s, mode = self.supervision, "train" if self.model.training else "eval"
+        verifier = self._last_rewards[:, 0].float().cpu()  # (B_all,) the verifier is reward column 0
+        if s.process_reward == "prime":
+            return self._prime_advantages(prompts, ids, lengths, verifier, all_lengths, group_size, width)
+        steps = scored_steps(self.prm_scorer, prompts, rows)  # a masked completion is not even scored
+        all_scores, all_ends = gather_object([s for s, _ in steps]), gather_object([e for _, e in steps])
         ends = extend_last_step(all_ends, all_lengths)  # the eos carries the last step's reward
-        s = self.supervision
-        if s.process_reward == "progress":  # V_0: the group's mean verifier reward (reward column 0)
-            start = group_means(self._last_rewards[:, 0].tolist(), group_size)
-            adv = progress_advantages(all_scores, ends, width, start, s.process_credit)
+        if s.process_reward == "progress":  # PAV's anchors: V_0 the others' mean outcome, V_K the outcome itself
+            start, values = progress_anchors(all_scores, verifier.tolist(), group_size)
+            adv = progress_advantages(values, ends, width, start, s.process_credit)
+            # Where the verifier says nothing the process term should net ~0: a bias shows here first.
+            for key, value in uniform_group_means(adv, all_lengths, verifier.tolist(), group_size).items():
+                self._metrics[mode][f"process/progress_mean_{key}"].append(value)
         else:
             adv = process_advantages(all_scores, ends, width, group_size, self.args.scale_rewards, s.process_credit,
                                      s.process_baseline)
         adv = centred_advantages(adv, all_lengths, group_size, self.supervision.process_centring)
-        mode = "train" if self.model.training else "eval"
         for key, value in process_metrics(all_scores, group_size).items():
             self._metrics[mode][key].append(value)
         return adv
+
+    def _prime_advantages(self, prompts, ids, lengths: list[int], verifier, all_lengths: list[int], group_size: int,
+                          width: int):
+        """PRIME's (B_all, T') advantages (`prime_advantages`): the implicit PRM's token rewards of this process's
+        completions, put on the policy's tokens and gathered, with the verifier's outcomes."""
+        from accelerate.utils import gather_object
+
+        live = [i for i, n in enumerate(lengths) if n]  # a masked completion is not scored: no rewards
+        decoded = {i: token_spans(self.processing_class, ids[i, : lengths[i]].tolist()) for i in live}
+        scored = self.prm_scorer.token_rewards([prompts[i] for i in live], [decoded[i][0] for i in live])
+        placed = dict(zip(live, (placed_token_rewards(decoded[i][1], *r, lengths[i]) for i, r in zip(live, scored))))
+        rows = gather_object([placed.get(i, []) for i in range(len(lengths))])
+        rewards = torch.zeros(len(rows), width)  # (B_all, T')
+        for i, row in enumerate(rows):
+            rewards[i, : len(row)] = torch.tensor(row)
+        s = self.supervision
+        return prime_advantages(rewards, verifier, all_lengths, group_size, s.prime_process_coef, s.prime_outcome_coef)
 
     def _log_advantages(self, adv, all_lengths: list[int], table: bool = True) -> None:
         """The statistics of the advantages trained on (`advantage_stats`, every mode), and, where they replace
@@ -319,6 +360,22 @@ def run_policy_phase(
                                          reward_models={k: str(v) for k, v in (reward_models or {}).items()}))
     save_model(trainer.model, tokenizer, out_dir)
     return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history))
+
+
+def value_source(cfg: PipelineConfig) -> str:
+    """The prover whose step values a process reward reads, named for the logs (PAV: values are one prover's):
+    `oracle:gold`, `prm:<head layout>` (`prm:value`, `prm:label_tokens`...), or the RM kind (`implicit`).
+
+    >>> from pipeline.config import PipelineConfig
+    >>> value_source(PipelineConfig()), value_source(PipelineConfig(reward_model={"oracle": "gold"}))
+    ('prm:value', 'oracle:gold')
+    """
+    from pipeline.rm_kinds import layout_kinds
+
+    if cfg.reward_model.oracle is not None:
+        return f"oracle:{cfg.reward_model.oracle}"
+    kind = cfg.supervision.process_reward_model
+    return f"{kind}:{cfg.reward_model.head}" if kind in layout_kinds() else kind
 
 
 def check_step_separator(scorer, problem_set: ProblemSet) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 import torch
@@ -499,12 +500,11 @@ def _credit_loop(values, ends, length, credit):
 
 
 def test_progress_credit_worked_example():
-    from pipeline.advantages import group_means, hybrid_advantages, outcome_advantages, progress_advantages
+    from pipeline.advantages import hybrid_advantages, outcome_advantages, progress_advantages
 
     # REFERENCE.md, "Progress credit": oracle values, a group of 2; output 1 right, right, right, output 2 right,
-    # wrong, wrong; verifier rewards [1, 0], so V_0 = 0.5 for both. One token a step.
-    start = group_means([1.0, 0.0], 2)
-    assert start == [0.5, 0.5]
+    # wrong, wrong; verifier rewards [1, 0], and V_0 = 0.5 for both (a prover's value of the prompt). One token a step.
+    start = [0.5, 0.5]
     progress = progress_advantages([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], [[0, 1, 2]] * 2, 3, start, "step")
     assert progress.tolist() == [[0.5, 0.0, 0.0], [0.5, -1.0, 0.0]]
     outcome = outcome_advantages(torch.tensor([1.0, 0.0]), 2)  # TRL's: [0.707, -0.707]
@@ -516,6 +516,102 @@ def test_progress_credit_worked_example():
     assert total.tolist() == [[0.5, 0.0, 0.0], [-0.5, -1.0, 0.0]]
     worst = progress_advantages([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], [[0, 1, 2]] * 2, 3, start, "min")
     assert worst.tolist() == [[0.0, 0.0, 0.0], [-1.0, -1.0, 0.0]]
+
+
+def test_progress_anchors_are_the_others_mean_outcome_and_the_outcome_itself():
+    """Issue 47, point 2: V_0 leaves the output out, V_K is the verifier's; an output's progress then sums to its
+    outcome minus the others' mean, 0 in an all-correct or all-wrong group, whatever the PRM's values."""
+    from pipeline.advantages import leave_one_out_means, progress_advantages, progress_anchors, uniform_group_means
+
+    # Mixed group of 3 (outcomes [1, 0, 0]): V_0 = [0, 0.5, 0.5], not the group's mean 1/3 for all. A PRM's values
+    # [0.6, 0.9], [0.7, 0.4], [0.5] end on the outcomes instead: [0.6, 1], [0.7, 0], [0].
+    values = [[0.6, 0.9], [0.7, 0.4], [0.5]]
+    start, anchored = progress_anchors(values, [1.0, 0.0, 0.0], 3)
+    assert start == [0.0, 0.5, 0.5] and anchored == [[0.6, 1.0], [0.7, 0.0], [0.0]]
+    adv = progress_advantages(anchored, [[0, 1], [0, 1], [0]], 2, start, "step")
+    assert adv.flatten().tolist() == pytest.approx([0.6, 0.4, 0.2, -0.7, -0.5, 0.0], abs=1e-6)
+    assert [adv[i].sum().item() for i in range(3)] == pytest.approx([1.0, -0.5, -0.5], abs=1e-6)  # o_i - the others'
+    # An all-correct group and an all-wrong one: each output nets 0, the PRM's dips only move credit between steps.
+    values = [[0.6, 0.8], [0.9], [0.3, 0.1], [0.2]]
+    start, anchored = progress_anchors(values, [1.0, 1.0, 0.0, 0.0], 2)
+    assert start == [1.0, 1.0, 0.0, 0.0] and anchored == [[0.6, 1.0], [1.0], [0.3, 0.0], [0.0]]
+    adv = progress_advantages(anchored, [[0, 1], [0], [0, 1], [0]], 2, start, "step")
+    assert adv.flatten().tolist() == pytest.approx([-0.4, 0.4, 0.0, 0.0, 0.3, -0.3, 0.0, 0.0], abs=1e-6)
+    assert uniform_group_means(adv, [2, 1, 2, 1], [1, 1, 0, 0], 2) == pytest.approx(
+        {"all_correct": 0.0, "all_wrong": 0.0}, abs=1e-7)
+    # Before the fix (V_0 the group's mean, V_K the PRM's last value): -0.2 and +0.1 per output, the bias.
+    old = progress_advantages(values, [[0, 1], [0], [0, 1], [0]], 2, [1.0, 1.0, 0.0, 0.0], "step")
+    assert [old[i].sum().item() for i in range(4)] == pytest.approx([-0.2, -0.1, 0.1, 0.2], abs=1e-6)
+    # A group of one has no other output: V_0 is its own outcome, so its progress nets 0.
+    assert leave_one_out_means([1.0, 0.0], 1) == [1.0, 0.0]
+    start, anchored = progress_anchors([[0.4, 0.7]], [1.0], 1)
+    assert progress_advantages(anchored, [[0, 1]], 2, start, "sum")[0, 0].item() == pytest.approx(0.0)
+
+
+def test_uniform_group_means_leave_out_what_the_batch_lacks():
+    from pipeline.advantages import uniform_group_means
+
+    adv = torch.tensor([[1.0, 2.0], [3.0, 9.0], [-1.0, -1.0], [0.5, 0.5]])
+    # Group 0 all correct (tokens 1, 2, 3: mean 2); group 1 mixed: no all-wrong group, so no such key.
+    assert uniform_group_means(adv, [2, 1, 2, 2], [1.0, 1.0, 1.0, 0.0], 2) == {"all_correct": 2.0}
+    assert uniform_group_means(adv, [0, 0, 2, 2], [1.0, 1.0, 0.0, 0.0], 2) == {"all_wrong": -0.25}  # masked: none
+
+
+def _prime_loop(rewards, outcomes, lengths, n, c_p, c_o):
+    """PRIME's advantage by plain loops over lists (REFERENCE, "PRIME's advantage")."""
+    out = []
+    for g in range(0, len(rewards), n):
+        means = [sum(rewards[i][: lengths[i]]) / max(lengths[i], 1) for i in range(g, g + n)]
+        total = sum(outcomes[g : g + n])
+        for i in range(g, g + n):
+            r = [x * n / (n - 1) - sum(means) / (n - 1) for x in rewards[i][: lengths[i]]]
+            o = outcomes[i] * n / (n - 1) - total / (n - 1)
+            step = [c_p * x + (c_o * o if t == lengths[i] - 1 else 0.0) for t, x in enumerate(r)]
+            out.append([sum(step[t:]) for t in range(lengths[i])])
+    flat = [x for row in out for x in row]
+    mean = statistics.fmean(flat)
+    std = statistics.stdev(flat)
+    width = len(rewards[0])
+    return [[(x - mean) / math.sqrt(std**2 + 1e-8) for x in row] + [0.0] * (width - len(row)) for row in out]
+
+
+def test_prime_worked_example_group_of_three():
+    from pipeline.advantages import prime_advantages
+
+    # Token rewards [0.2, 0.4], [0.3], [-0.1, 0.1] (lengths 2, 1, 2), outcomes [1, 1, 0], c_p = c_o = 1.
+    # Mean token rewards 0.3, 0.3, 0 (sum 0.6): r' = 1.5 r - 0.3 = [0, 0.3], [0.15], [-0.45, -0.15].
+    # o' = 1.5 o - 1 = 0.5, 0.5, -1 on each last token. Returns (reverse sums): [0.8, 0.8], [0.65], [-1.6, -1.15].
+    # Over the 5 loss tokens: mean -0.1, unbiased std 1.17633; whitened (x + 0.1) / 1.17633.
+    rewards = torch.tensor([[0.2, 0.4], [0.3, 7.0], [-0.1, 0.1]])  # 7.0 lies past output 2's length: ignored
+    adv = prime_advantages(rewards, torch.tensor([1.0, 1.0, 0.0]), [2, 1, 2], 3, 1.0, 1.0)
+    assert adv.tolist() == [pytest.approx(r, abs=1e-4) for r in ([0.7651, 0.7651], [0.6376, 0.0], [-1.2752, -0.8926])]
+    # PRIME's coefficients (5, 5) and a second group with a masked output, against the plain loops.
+    g = torch.Generator().manual_seed(3)
+    rewards = torch.randn(6, 5, generator=g) * 0.1
+    outcomes, lengths = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0], [5, 3, 4, 2, 0, 5]
+    fast = prime_advantages(rewards, torch.tensor(outcomes), lengths, 3)
+    want = _prime_loop(rewards.tolist(), outcomes, lengths, 3, 5.0, 5.0)
+    assert fast.tolist() == [pytest.approx(w, abs=1e-5) for w in want]
+    with pytest.raises(ValueError, match="at least 2 outputs per prompt"):
+        prime_advantages(rewards, torch.tensor(outcomes), lengths, 1)
+
+
+def test_prime_centres_each_groups_process_rewards_before_whitening():
+    """The leave-one-out baseline removes any constant a group's token rewards share (r' sums to 0 over the group's
+    mean token rewards): shifting one group's rewards changes nothing, which whitening over the batch alone would
+    not undo (it has two groups); with equal lengths each group's first-token returns sum to 0 before whitening, so
+    after it every group's first-token mean is the same, -mean / std of the batch."""
+    from pipeline.advantages import prime_advantages
+
+    g = torch.Generator().manual_seed(5)
+    rewards, outcomes, lengths = torch.randn(6, 4, generator=g), torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), [4] * 6
+    shifted = rewards.clone()
+    shifted[:3] += 2.5  # one group's PRM is more confident about everything
+    assert torch.allclose(prime_advantages(shifted, outcomes, lengths, 3), prime_advantages(rewards, outcomes, lengths, 3),
+                          atol=1e-5)
+    # Process alone (c_o = 0): whitening is affine, so each group's first-token advantages average to the batch's.
+    adv = prime_advantages(rewards, outcomes, lengths, 3, 1.0, 0.0)
+    assert adv[:3, 0].mean().item() == pytest.approx(adv[3:, 0].mean().item(), abs=1e-5)
 
 
 @pytest.mark.parametrize("credit", ["sum", "min", "step"])

@@ -225,10 +225,11 @@ class ImplicitPrmScorer(StepScorer):
         self.model.eval()
         return float(loss.detach())
 
-    def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
+    def _rewards(self, prompts: Sequence[str], completions: Sequence[str]):
+        """Yield, for each (prompt, completion), its token rewards r_t (T,), its offsets and its first completion
+        token: one forward of the model and one of the reference per batch, shared by the step and token views."""
         device = next(self.model.parameters()).device
         self.reference.to(device)  # the policy phase moves `model` to its device; the reference follows here
-        out: list[list[float]] = []
         for s in range(0, len(prompts), self.batch_size):
             ps, cs = prompts[s : s + self.batch_size], completions[s : s + self.batch_size]
             enc = self.tokenizer([p + c for p, c in zip(ps, cs)], return_tensors="pt", padding=True,
@@ -237,10 +238,27 @@ class ImplicitPrmScorer(StepScorer):
             rewards = self.beta * (sequence_logprobs(self.model, ids, mask)
                                    - sequence_logprobs(self.reference, ids, mask)).cpu()  # (b, T)
             for r, (p, c) in enumerate(zip(ps, cs)):
-                first, ends = completion_tokens(enc["offset_mapping"][r].tolist(), p, c, self.separator)
-                out.append(torch.sigmoid(torch.tensor(step_values(rewards[r], first, ends))).tolist())
+                yield rewards[r], enc["offset_mapping"][r].tolist(), p, c
+
+    def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for rewards, offsets, p, c in self._rewards(prompts, completions):
+            first, ends = completion_tokens(offsets, p, c, self.separator)
+            out.append(torch.sigmoid(torch.tensor(step_values(rewards, first, ends))).tolist())
         for i, scores in enumerate(out):
             _refuse_nonfinite("implicit PRM", scores, [completions[i]] * len(scores), sample=i)
+        return out
+
+    def token_rewards(self, prompts: Sequence[str], completions: Sequence[str]) -> list[tuple[list[int], list[float]]]:
+        """PRIME's per-token process rewards r_t = beta * log(pi_phi / pi_ref) of each completion: for each of its
+        tokens (in this PRM's tokenization), the completion's character it ends on and r_t, so that a caller puts
+        them on its own tokens (`policy.placed_token_rewards`). An empty completion has none."""
+        out = []
+        for i, (rewards, offsets, p, c) in enumerate(self._rewards(prompts, completions)):
+            spans = [(k, e) for k, (b, e) in enumerate(offsets) if e > b and e > len(p)]  # tokens with completion text
+            values = [float(rewards[k]) for k, _ in spans]
+            _refuse_nonfinite("implicit PRM", values, [completions[i]] * len(values), sample=i)
+            out.append(([e - 1 - len(p) for _, e in spans], values))
         return out
 
 
