@@ -79,6 +79,46 @@ def test_step_scores_are_the_sigmoid_of_the_hand_computed_values(pair):
     assert scorer(prompts, completions) == pytest.approx([s[-1] for s in steps], abs=1e-12)
 
 
+def test_token_rewards_are_the_terms_the_step_values_sum(pair):
+    """PRIME's per-token rewards (`token_rewards`) come from the same forward as the step scores: summed up to a
+    step's end they give its value, sigmoid(V_k) its score; each is placed at the completion character it ends on."""
+    from pipeline.config import RewardModelConfig
+    from pipeline.reward_model import load_scorer
+
+    phi_dir, _, _ = pair
+    scorer = load_scorer("implicit", phi_dir, RewardModelConfig(kinds=["implicit"]), batch_size=2)
+    prompts, completions = ["What is 3+4?\n", "What is 12-5?\n", "Q\n"], ["3+4=7\nAnswer: 7", "12-5=8\n8-1=7\n", ""]
+    steps = scorer.step_scores(prompts, completions)
+    for c, (chars, rewards), scores in zip(completions, scorer.token_rewards(prompts, completions), steps):
+        assert chars == list(range(len(c)))  # the char tokenizer: one token a character
+        ends = [i for i, ch in enumerate(c) if ch == "\n"] + ([len(c) - 1] if c and not c.endswith("\n") else [])
+        values = [sum(r for k, r in zip(chars, rewards) if k <= e) for e in ends]
+        assert scores == pytest.approx([1 / (1 + math.exp(-v)) for v in values] if c else [0.5], abs=1e-6)
+    assert max(abs(r) for r in scorer.token_rewards(prompts[:1], completions[:1])[0][1]) > 1e-4
+
+
+def test_prime_credit_config():
+    """`process_reward: prime` is PRIME's whole advantage from the implicit PRM: process mode only, no step-shaping
+    field, no oracle; its coefficients only with it."""
+    from pipeline.config import ConfigError
+    from pipeline.loading import config_from_dict
+
+    base = {"reward_model": {"kinds": ["implicit"], "implicit_online_lr": 1e-6}, "collect": {"rollouts_per_step": 0}}
+    prime = {"mode": "process", "process_reward_model": "implicit", "process_reward": "prime"}
+    cfg = config_from_dict({**base, "supervision": prime}, check_trl=False)
+    assert (cfg.supervision.prime_process_coef, cfg.supervision.prime_outcome_coef) == (5.0, 5.0)  # PRIME's recipe
+    for bad, match in (({"mode": "hybrid"}, "needs mode: process \\(hybrid would add the outcome twice\\)"),
+                       ({"process_credit": "min"}, "process_credit shapes step rewards"),
+                       ({"process_centring": "group"}, "process_centring shapes step rewards")):
+        with pytest.raises(ConfigError, match=match):
+            config_from_dict({**base, "supervision": {**prime, **bad}}, check_trl=False)
+    with pytest.raises(ConfigError, match="prime_outcome_coef is only used with process_reward: prime"):
+        config_from_dict({"supervision": {"prime_outcome_coef": 1.0}}, check_trl=False)
+    with pytest.raises(ConfigError, match="process_reward: prime needs the implicit PRM's token rewards"):
+        config_from_dict({"reward_model": {"kinds": ["implicit"], "oracle": "gold"}, "collect": {"rollouts_per_step": 0},
+                          "supervision": prime}, check_trl=False)
+
+
 def test_a_blank_completion_scores_one_half_and_the_model_and_its_reference_agree_at_start(pair):
     from models import load_policy
     from pipeline.rm_kinds.implicit import ImplicitPrmScorer

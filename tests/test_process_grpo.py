@@ -222,8 +222,20 @@ def hybrid_runs(tmp_path_factory):
                 ("centred", "process", None, {"process_centring": "group"}),
                 ("progress", "hybrid", None, {"process_reward": "progress", "process_credit": "step"}),
                 ("outcome", "outcome", None, {}))}
+    # PRIME's credit from an implicit PRM: the policy as pi_phi against another random reference, so r_t != 0.
+    implicit = prime_scorer(tok, root / "policy")
+    runs["prime"] = run_grpo(tok, root / "policy", tmp_path_factory.mktemp("prime"), rows, "process", implicit,
+                             process_reward="prime")
     rewards = [float("72" in tok.decode(r, skip_special_tokens=True)) for r in rows]  # [1, 0, 0, 0, 1, 1, 1, 0]
-    return {**runs, "tok": tok, "rows": rows, "prm": prm, "rewards": rewards}
+    return {**runs, "tok": tok, "rows": rows, "prm": prm, "rewards": rewards, "implicit": implicit}
+
+
+def prime_scorer(tok, policy_dir):
+    from models import load_policy, tiny_policy
+    from pipeline.rm_kinds.implicit import ImplicitPrmScorer
+    from tests.helpers import SIZES
+
+    return ImplicitPrmScorer(load_policy(str(policy_dir))[0], tiny_policy(tok, **SIZES["tiny"], seed=1), tok, beta=0.5)
 
 
 @pytest.mark.slow
@@ -275,8 +287,9 @@ def test_process_centring_reaches_the_trainer(hybrid_runs):
 @pytest.mark.slow
 def test_progress_credit_reaches_the_trainer(hybrid_runs):
     """`process_reward: progress` with step credit in hybrid mode: TRL's outcome advantage plus, on each token, its
-    own step's progress, the PRM's score at the step's end minus the one before it (the group's mean verifier
-    reward before the first step), by plain loops; the masked completion gets its outcome advantage alone."""
+    own step's progress, the PRM's score at the step's end minus the one before it, from the mean verifier reward of
+    the group's other outputs before the first step to the output's own outcome after the last (PAV's anchors), by
+    plain loops; the masked completion gets its outcome advantage alone."""
     run, tok, rows, rewards = hybrid_runs["progress"], hybrid_runs["tok"], hybrid_runs["rows"], hybrid_runs["rewards"]
     outcome = reference_outcome(rewards, "group")
     prompts = [PROMPT] * 4 + [PROMPT_B] * 4
@@ -284,15 +297,46 @@ def test_progress_credit_reaches_the_trainer(hybrid_runs):
     want = []
     for i, (prompt, row) in enumerate(zip(prompts, rows)):
         steps = reference_steps(tok, hybrid_runs["prm"], prompt, row) if row[-1] == tok.eos_token_id else []
-        before = statistics.fmean(rewards[4 * (i // 4) : 4 * (i // 4) + 4])
+        others = [r for k, r in enumerate(rewards[4 * (i // 4) : 4 * (i // 4) + 4]) if k != i % 4]
+        before = statistics.fmean(others)
         progress, ends = [], []
-        for end, value in steps:
+        for j, (end, value) in enumerate(steps):
+            value = rewards[i] if j == len(steps) - 1 else value  # the last step's value: the verifier's outcome
             progress.append(value - before)
             ends.append(end)
             before = value
         own = [next((d for d, e in zip(progress, ends) if e >= t), 0.0) for t in range(width)]
         want.append([outcome[i] + d for d in own])
     assert run["advantages"].tolist() == [pytest.approx(w, abs=1e-5) for w in want]
+    # Both groups are mixed ([1, 0, 0, 0] and [1, 1, 1, 0]): no all-correct or all-wrong group to average over.
+    assert not any(k.startswith("process/progress_mean_") for h in run["logs"] for k in h)
+
+
+@pytest.mark.slow
+def test_prime_credit_reaches_the_trainer(hybrid_runs):
+    """`process_reward: prime`: the implicit PRM's token rewards, by a plain loop over one unpadded forward of each
+    model, land on the policy's tokens holding their characters (an unknown character's token, which TRL's decoded
+    text drops, the eos and the masked completion get none) and with the verifier's outcomes make
+    `prime_advantages`' (PRIME's) advantages."""
+    from pipeline.advantages import prime_advantages
+
+    run, tok, rows, implicit = hybrid_runs["prime"], hybrid_runs["tok"], hybrid_runs["rows"], hybrid_runs["implicit"]
+    lengths = [int(n) for n in run["mask"].sum(1).tolist()]
+    rewards = torch.zeros(run["advantages"].shape)  # (B, T)
+    for i, (prompt, row) in enumerate(zip([PROMPT] * 4 + [PROMPT_B] * 4, rows)):
+        if not lengths[i]:
+            continue
+        ids = tok(prompt + tok.decode(row, skip_special_tokens=True)).input_ids  # the char tokenizer: one a character
+        with torch.no_grad():
+            phi, ref = (torch.log_softmax(m(torch.tensor([ids])).logits[0].double(), -1)
+                        for m in (implicit.model, implicit.reference))
+        holders = [k for k, x in enumerate(row) if tok.decode([x], skip_special_tokens=True)]  # one per character
+        start = len(tok(prompt).input_ids)
+        for t in range(start, len(ids)):
+            rewards[i, holders[t - start]] = 0.5 * float(phi[t - 1, ids[t]] - ref[t - 1, ids[t]])
+    assert rewards.abs().max() > 1e-3  # two different models
+    want = prime_advantages(rewards, torch.tensor(hybrid_runs["rewards"]), lengths, 4)
+    assert run["advantages"].tolist() == [pytest.approx(w, abs=1e-5) for w in want.tolist()]
 
 
 @pytest.mark.slow
