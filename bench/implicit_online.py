@@ -1,4 +1,4 @@
-"""What PRIME's online update of the implicit PRM costs a GRPO step (`reward_model.implicit_online_lr`; PRIME
+"""What PRIME's online update of the implicit PRM costs a GRPO step (`reward_model.implicit.online_lr`; PRIME
 reports +28%): the median GRPO step time in process mode from an implicit PRM, with and without the update, on a
 policy of configs/mini.yaml's size (SFT'd once, cached) and an implicit PRM that starts as its copy.
 Run: python -m bench.implicit_online [--steps 6]
@@ -37,7 +37,7 @@ def main() -> None:
             run_policy_phase(cfg, problem_set_from_config(cfg), policy, Path(tmp) / f"out-{lr}", 1,
                              {"implicit": str(prm)}, callbacks=[times])
             rows.append((lr, statistics.median(times.seconds[1:])))
-        print(table(["implicit_online_lr", "median GRPO step (s)"], [[str(lr), f"{s:.3f}"] for lr, s in rows]))
+        print(table(["implicit.online_lr", "median GRPO step (s)"], [[str(lr), f"{s:.3f}"] for lr, s in rows]))
         print(f"\nwith the online update / without: {rows[1][1] / rows[0][1]:.3f}")
 
 

@@ -19,7 +19,11 @@ from pipeline.registry import PluginError, load_plugins
 
 
 def _config(args) -> PipelineConfig:
-    return load_config(args.config, args.set)
+    from pipeline.preflight import check_extras
+
+    cfg = load_config(args.config, args.set)
+    check_extras(cfg)  # a missing optional engine fails every command at once, as a config error
+    return cfg
 
 
 def cmd_run(args) -> None:

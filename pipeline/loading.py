@@ -159,13 +159,14 @@ def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 def resumed_config_diff(stored: dict, current: PipelineConfig) -> list[str]:
     """`config_diff` of a resumed run's stored config against `current`, the stored one read by today's model.
 
-    So a field added since (stored without it, at its default now) or read under an old name is no change, and
+    So a field added since (stored without it, at its default now) or read under an old name (quietly: the user
+    wrote none of it) is no change, and
     neither is more rounds (`run.rounds` raised): that extends a run, it changes nothing that was done. Nor is
     `run.runs_dir`: where the run directory lives now (moved, or spelled from another working directory), not
     how it runs. A stored config today's model refuses (a field since removed) is compared as it was stored.
     """
     try:
-        stored = PipelineConfig.model_validate(stored).model_dump(mode="json")
+        stored = PipelineConfig.model_validate(stored, context={"stored": True}).model_dump(mode="json")
     except ValidationError:
         pass
     run = {**(stored.get("run") or {}), "runs_dir": current.model_dump(mode="json")["run"]["runs_dir"]}

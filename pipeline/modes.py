@@ -48,7 +48,8 @@ class SupervisionMode:
     """One supervision mode, declared.
 
     Attributes:
-        description: one line, for the docs' table and messages.
+        description: what the advantage is, for the docs' table of modes (`docs/generate.py`).
+        use: when to use it, for the table.
         advantages: how the batch's advantages are made; None keeps TRL's outcome advantages as they are.
         step_rewards: GRPO scores every step of every completion (`supervision.process_reward_model`, or the oracle).
         trl_advantage: TRL's outcome advantage of the weighted rewards is an input (`AdvantageInputs.outcome`).
@@ -62,6 +63,7 @@ class SupervisionMode:
 
     description: str
     advantages: Advantages | None = None
+    use: str = ""
     step_rewards: bool = False
     trl_advantage: bool = True
     weighted_rewards: bool = True
@@ -97,25 +99,34 @@ def _verifier_only(supervision) -> None:
 
 _STEP_FIELDS = ("process_credit", "process_baseline", "process_centring", "process_reward", "process_reward_model")
 
+_RESULTS_1 = "[results §1](docs/results.md#1-process-against-outcome-supervision-and-online-rft)"
+
 MODES: Registry[SupervisionMode] = Registry("supervision mode", SupervisionMode, {
     "outcome": SupervisionMode(
-        "one scalar per completion from supervision.rewards (verifier, ORM, a weighted mix), group-normalised "
-        "by TRL, the same advantage on every token",
+        "one scalar per completion, the weighted sum of `supervision.rewards` (`verifier`, `orm`), group-normalised, "
+        "on every token: TRL's own",
+        use=f"a verifier (or an ORM) is what you have or trust; on the embedded set it ended above process "
+            f"supervision ({_RESULTS_1})",
         replaces={"reward_weights": _REWARD_WEIGHTS}),
     "process": SupervisionMode(
-        "the PRM scores every step; the group's step rewards are normalised together and a token gets the sum "
-        "(or min) of those at or after it (DeepSeekMath §4.1.3)",
+        "the PRM's step rewards normalised over the group's steps; a token gets their sum (`process_credit: sum`, "
+        "DeepSeekMath) or minimum (`min`, PURE) over the steps at or after it; `process_reward: progress` credits "
+        "a step with the change in value it makes (PAV), `prime` is PRIME's credit from the implicit PRM",
         _process, step_rewards=True, trl_advantage=False, weighted_rewards=False, reads=_STEP_FIELDS,
+        use="studying process supervision; a PRM that ranks steps well (`reward_model.oracle: gold` gives its upper "
+            "bound); the options: [docs/supervision.md](docs/supervision.md)",
         replaces={"reward_weights": _REWARD_WEIGHTS,
                   "multi_objective_aggregation": "not used in process or rft mode: it combines reward functions "
                   "into TRL's outcome advantages, which these modes replace; remove it"}),
     "hybrid": SupervisionMode(
-        "the verifier's outcome advantage on every token plus process_weight times the process advantage",
+        "outcome mode's advantage plus `process_weight` times process mode's",
         _hybrid, step_rewards=True, reads=("process_weight", *_STEP_FIELDS),
+        use="a verifier plus a PRM's step credit on top (PURE's recipe)",
         replaces={"reward_weights": _REWARD_WEIGHTS}),
     "rft": SupervisionMode(
-        "Online RFT (DeepSeekMath §5.2.1): the verifier's 0/1 reward as the advantage, no baseline",
+        "Online RFT (DeepSeekMath §5.2.1): the verifier's 0/1 reward itself, no baseline, never negative",
         _rft, trl_advantage=False, weighted_rewards=False, check=_verifier_only,
+        use=f"the paper's baseline; on the embedded set it ended highest ({_RESULTS_1})",
         replaces={"reward_weights": _REWARD_WEIGHTS,
                   "scale_rewards": "not used in rft mode: the advantage is the verifier's 0/1 reward itself, with "
                   "no group baseline and no scaling (DeepSeekMath §5.2.1); remove it, or use mode outcome or process",
@@ -132,3 +143,40 @@ def supervision_mode(name: str) -> SupervisionMode:
 def step_reward_modes() -> list[str]:
     """The modes whose GRPO advantages come from step rewards (which `reward_model.oracle` can replace)."""
     return [name for name, m in MODES.items() if m.step_rewards]
+
+
+def check_supervision(supervision: Any) -> None:
+    """The `supervision:` section against its mode: a reward weighed above 0 where the mode weighs rewards, the
+    mode's own `check`, progress and PRIME's credit where they apply, and no knob the mode never reads (values, not
+    fields set, so a stored config with every default written out still loads). Raises ValueError saying the fix."""
+    s, mode, fields = supervision, supervision_mode(supervision.mode), type(supervision).model_fields
+    if mode.weighted_rewards and not any(w > 0 for w in s.rewards.values()):
+        raise ValueError(f"{s.mode} mode needs a weight above 0 in supervision.rewards, e.g. {{verifier: 1.0}}")
+    if mode.check:
+        mode.check(s)
+    if s.process_reward == "progress" and s.process_baseline != "group":
+        raise ValueError(f"process_baseline {s.process_baseline!r} normalises step values, and progress "
+                         "(process_reward: progress) is not normalised: drop process_baseline")
+    _check_prime(s, fields)
+    for name in ("process_weight", "process_credit", "process_baseline", "process_centring", "process_reward",
+                 "process_reward_model"):
+        modes = [m for m, spec in MODES.items() if name in spec.reads]
+        if getattr(s, name) != fields[name].default and s.mode not in modes:
+            raise ValueError(f"{name} {getattr(s, name)!r} is only used in {' and '.join(modes)} mode, not in "
+                             f"{s.mode} mode: remove it, or set mode: {modes[-1]}")
+
+
+def _check_prime(s: Any, fields: Mapping) -> None:
+    if s.process_reward != "prime":
+        set_ = [n for n in ("prime_process_coef", "prime_outcome_coef") if getattr(s, n) != fields[n].default]
+        if set_:
+            raise ValueError(f"{', '.join(set_)} is only used with process_reward: prime: remove it")
+        return
+    if s.mode != "process" or s.process_reward_model != "implicit":
+        raise ValueError("process_reward: prime is PRIME's advantage from the implicit PRM's token rewards and the "
+                         "verifier's outcome together: it needs mode: process (hybrid would add the outcome twice) "
+                         "and process_reward_model: implicit")
+    steps = [n for n in ("process_credit", "process_baseline", "process_centring") if getattr(s, n) != fields[n].default]
+    if steps:
+        raise ValueError(f"{', '.join(steps)} shapes step rewards, and process_reward: prime credits token "
+                         "rewards as returns with its own baselines: remove it")

@@ -162,23 +162,53 @@ def _rm_class(cfg: PipelineConfig) -> type:
     from trl import RewardConfig
 
     rm = cfg.reward_model
-    return RewardConfig if rm.kinds == ["orm"] and rm.orm_loss == "pairwise" else _training_arguments()
+    return RewardConfig if rm.kinds == ["orm"] and rm.orm.loss == "pairwise" else _training_arguments()
 
 
 # The dataclass each pass-through section becomes.
 _CLASSES = {"grpo": _grpo_class, "bootstrap.sft_args": _sft_class, "reward_model.train_args": _rm_class}
 
-# Values the configs accept at build time but fail on (or train nothing with) later: key -> (valid?, what is).
+def _at_least(low: float) -> tuple:
+    return (lambda v: v >= low, f"at least {low}")
+
+
+def _above(low: float, why: str = "") -> tuple:
+    return (lambda v: v > low, f"above {low}{why}")
+
+
+def _within(low: float, high: float, closed: str = "[]") -> tuple:
+    def valid(v):
+        return (low <= v if closed[0] == "[" else low < v) and (v <= high if closed[1] == "]" else v < high)
+
+    return (valid, f"in {closed[0]}{low}, {high}{closed[1]}")
+
+
+# The range of every numeric field of GRPOConfig, SFTConfig, RewardConfig and TrainingArguments that has one:
+# values they accept at build time but fail on, or train nothing with, later (`save_steps: -1` stopped at the
+# first save). Their dataclasses declare no ranges (their fields' metadata is help text only), so the table
+# holds them; tests/test_config.py checks each key is a field of one of them.
 _RANGES = {
-    "per_device_train_batch_size": (lambda v: v >= 1, "at least 1"),
-    "gradient_accumulation_steps": (lambda v: v >= 1, "at least 1"),
-    "num_train_epochs": (lambda v: v > 0, "above 0"),
-    "learning_rate": (lambda v: v >= 0, "at least 0"),
-    "beta": (lambda v: v >= 0, "at least 0"),
-    "temperature": (lambda v: v > 0, "above 0 (GRPO samples: at 0 a group's completions would all be alike)"),
-    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "max_completion_length": (lambda v: v >= 1, "at least 1"),
-    "max_prompt_length": (lambda v: v >= 1, "at least 1"),
+    # the optimizer and the schedule
+    "learning_rate": _at_least(0), "weight_decay": _at_least(0), "adam_epsilon": _at_least(0),
+    "adam_beta1": _within(0, 1, "[)"), "adam_beta2": _within(0, 1, "[)"), "max_grad_norm": _at_least(0),
+    "warmup_steps": _at_least(0), "label_smoothing_factor": _within(0, 1, "[)"), "neftune_noise_alpha": _above(0),
+    "num_train_epochs": _above(0), "max_steps": (lambda v: v == -1 or v >= 1, "-1 (train num_train_epochs) or at least 1"),
+    # batches, steps between saves, logs and evaluations (below 1: a fraction of the training steps)
+    "per_device_train_batch_size": _at_least(1), "per_device_eval_batch_size": _at_least(1),
+    "gradient_accumulation_steps": _at_least(1), "eval_accumulation_steps": _at_least(1),
+    "save_steps": _above(0), "logging_steps": _above(0), "eval_steps": _above(0), "eval_delay": _at_least(0),
+    "torch_empty_cache_steps": _at_least(1),
+    "seed": _within(0, 2**32, "[)"), "data_seed": _within(0, 2**32, "[)"),
+    "dataloader_num_workers": _at_least(0), "dataloader_prefetch_factor": _at_least(1),
+    "dataset_num_proc": _at_least(1), "max_length": _at_least(1),
+    # GRPO: generation, the loss
+    "num_generations_eval": _at_least(1), "generation_batch_size": _at_least(1), "steps_per_generation": _at_least(1),
+    "max_completion_length": _at_least(1),
+    "temperature": _above(0, " (GRPO samples: at 0 a group's completions would all be alike)"),
+    "top_p": _within(0, 1, "(]"), "top_k": _at_least(0), "min_p": _within(0, 1), "repetition_penalty": _above(0),
+    "beta": _at_least(0), "num_iterations": _at_least(1), "epsilon": _at_least(0), "epsilon_high": _at_least(0),
+    "delta": _above(0), "top_entropy_quantile": _within(0, 1), "num_completions_to_print": _at_least(0),
+    "vllm_gpu_memory_utilization": _within(0, 1, "(]"), "vllm_tensor_parallel_size": _at_least(1),
 }
 
 

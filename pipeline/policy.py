@@ -155,7 +155,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
     and TRL's completions table shows them (a completion's first-token advantage); TRL's own `reward`,
     `reward_std` stay the outcome rewards'.
 
-    A step scorer with an `online_lr` (the implicit PRM with `reward_model.implicit_online_lr`, PRIME) first takes one
+    A step scorer with an `online_lr` (the implicit PRM with `reward_model.implicit.online_lr`, PRIME) first takes one
     update on each training batch's completions and verifier outcomes (`update`), then scores them.
 
     Args:

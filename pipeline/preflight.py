@@ -9,10 +9,47 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import tracking
-from pipeline.config import PipelineConfig
+from pipeline.config import ConfigError, PipelineConfig
 from pipeline.loading import resumed_config_diff
 from pipeline.problems import problem_set_from_config
 from pipeline.rundir import Manifest, RunDirError, read_json, refuse_if_locked
+
+
+# The setting that needs no extra, for each field that can ask for one.
+_WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}
+
+
+def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
+    """(field, pip extra, module) for each optional engine the config asks for."""
+    needed = [(f"{name}.backend", "vllm", "vllm") for name in ("collect", "eval") if getattr(cfg, name).backend == "vllm"]
+    if cfg.grpo.get("use_vllm") is True:
+        needed.append(("grpo.use_vllm", "vllm", "vllm"))
+    if cfg.collect.task_runner == "ray" and cfg.collect.workers > 1:
+        needed.append(("collect.task_runner", "ray", "prefect_ray"))
+    return needed
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def check_extras(cfg: PipelineConfig) -> str:
+    """A ConfigError naming every field whose engine is not installed, with the pip command and the setting that
+    needs none; checked by every `igrpo` command before anything starts, not when the first GRPO phase does."""
+    missing: dict[str, list[str]] = {}
+    for field, extra, module in extras_needed(cfg):
+        if not _installed(module):
+            missing.setdefault(extra, []).append(field)
+    lines = []
+    for extra, fields in missing.items():
+        instead = ", ".join(f"{f}: {_WITHOUT[f.rsplit('.', 1)[1]]}" for f in fields)
+        lines.append(f"{', '.join(fields)}: needs the [{extra}] extra, which is not installed: "
+                     f"pip install 'iterative-grpo[{extra}]' (or set {instead})")
+    if lines:
+        raise ConfigError("\n".join(lines))
+    return ", ".join(sorted({extra for _, extra, _ in extras_needed(cfg)})) or "none needed"
 
 
 def _problems(cfg: PipelineConfig) -> str:
@@ -256,6 +293,7 @@ def refuse_changed_config(manifest: Manifest, cfg: PipelineConfig) -> None:
 
 # The checks of the config's inputs, by what they check; each returns what it found, in a few words.
 CHECKS = {
+    "extras": check_extras,
     "problems": _problems,
     "policy.model": _policy_model,
     "reward_model.model": _reward_model_backbone,

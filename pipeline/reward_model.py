@@ -280,7 +280,7 @@ def train_reward_model(
     A PRM keeps the layout of the RM it starts from (recorded in its checkpoint, else `reward_model.head`'s: a
     published PRM); afresh, it is built in `reward_model.head`'s layout. The saved checkpoint records it.
 
-    A pairwise ORM (`reward_model.orm_loss: pairwise`) trains with TRL's RewardTrainer, the rest with
+    A pairwise ORM (`reward_model.orm.loss: pairwise`) trains with TRL's RewardTrainer, the rest with
     transformers' Trainer and `bce_loss`, or the kind's own `loss` and `collate` (`RewardModelKind`). The RM
     learns the problem set's steps, so their separator goes with the rows (`with_separator`) and into the
     checkpoint's config (`scorers.trained_separator` reads it back).

@@ -22,6 +22,7 @@ from pipeline.loading import (
     resumed_config_diff,
 )
 from pipeline.passthrough import grpo_config
+from pipeline.preflight import check_extras
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 MULTIGPU = Path(__file__).resolve().parents[1] / "configs" / "gsm8k-multigpu.yaml"
@@ -81,17 +82,17 @@ def test_empty_mapping_gives_the_defaults(tmp_path):
 
 
 def test_multigpu_recipe_without_vllm_names_every_field(monkeypatch):
-    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "vllm")
+    monkeypatch.setattr("pipeline.preflight._installed", lambda module: module != "vllm")
     with pytest.raises(ConfigError) as e:
-        load_config(MULTIGPU)
+        check_extras(load_config(MULTIGPU))
     assert str(e.value) == (
-        f"{MULTIGPU}: collect.backend, eval.backend, grpo.use_vllm: needs the [vllm] extra, which is not installed: "
+        "collect.backend, eval.backend, grpo.use_vllm: needs the [vllm] extra, which is not installed: "
         "pip install 'iterative-grpo[vllm]' (or set collect.backend: hf, eval.backend: hf, grpo.use_vllm: false)"
     )
 
 
 def test_multigpu_recipe_loads_and_validates(monkeypatch):
-    monkeypatch.setattr("pipeline.config._installed", lambda module: True)
+    monkeypatch.setattr("pipeline.preflight._installed", lambda module: True)
     cfg = load_config(MULTIGPU, check_trl=True)  # builds TRL's GRPOConfig and SFTConfig from it
     assert cfg.policy.model == "Qwen/Qwen2.5-Math-1.5B-Instruct" and cfg.problems.gsm8k.hub_name == "openai/gsm8k"
     assert cfg.launcher.kind == "accelerate" and cfg.launcher.num_processes == 8
@@ -179,8 +180,8 @@ def test_file_errors_are_prefixed_with_the_path(tmp_path):
         ({"reward_model": {"kinds": ["prm", "value"]}}, "reward_model.kinds: unknown reward model kind 'value'; known: prm, orm"),
         ({"reward_model": {"kinds": ["prm", "orm", "prm"]}}, "reward_model.kinds: prm given more than once"),
         ({"reward_model": {"holdout_fraction": 1.0}}, "reward_model.holdout_fraction: Input should be less than 1"),
-        ({"reward_model": {"orm_loss": "pairwise"}, "collect": {"samples_per_prompt": 1}},
-         "reward_model.orm_loss: pairwise needs a right and a wrong sample of one prompt, and collect.samples_per_prompt is 1"),
+        ({"reward_model": {"orm": {"loss": "pairwise"}}, "collect": {"samples_per_prompt": 1}},
+         "reward_model.orm.loss: pairwise needs a right and a wrong sample of one prompt, and collect.samples_per_prompt is 1"),
         # numpy's and torch's seeds are 32-bit: anything else fails inside the first phase
         ({"run": {"seed": -1}}, "run.seed: Input should be greater than or equal to 0"),
         ({"run": {"seed": 2**32}}, "run.seed: Input should be less than 4294967296"),
@@ -266,6 +267,63 @@ def test_an_old_run_directorys_config_reads_as_todays_defaults():
     stored["supervision"].update(mode="outcome", verifier_weight=0.0, orm_weight=1.0)
     now = config_from_dict({"supervision": {"mode": "outcome", "rewards": {"orm": 1.0}}}, check_trl=False)
     assert resumed_config_diff(stored, now) == []
+
+
+# --- a kind's settings in its own section; the flat keys of before, read for one release -----------------
+
+
+def test_a_kinds_flat_key_of_before_reads_into_its_section_with_one_warning(caplog):
+    from pipeline.rm_kinds import config as rm_config
+
+    rm_config._WARNED.clear()
+    old = {"reward_model": {"kinds": ["prm", "implicit", "orm"], "implicit_beta": 0.5, "orm_loss": "pairwise"}}
+    with caplog.at_level("WARNING", logger="pipeline.rm_kinds.config"):
+        cfg = config_from_dict(old, check_trl=False)
+        config_from_dict(old, ["reward_model.implicit_online_lr=null"], check_trl=False)  # --set reads them too
+    assert (cfg.reward_model.implicit.beta, cfg.reward_model.orm.loss) == (0.5, "pairwise")
+    assert cfg == config_from_dict({"reward_model": {"kinds": ["prm", "implicit", "orm"], "implicit": {"beta": 0.5},
+                                                     "orm": {"loss": "pairwise"}}}, check_trl=False)
+    # Once a key, each naming the key to write instead.
+    assert [r.getMessage() for r in caplog.records] == [
+        "reward_model.orm_loss is deprecated and will be removed in the next release: write reward_model.orm.loss",
+        "reward_model.implicit_beta is deprecated and will be removed in the next release: write "
+        "reward_model.implicit.beta",
+        "reward_model.implicit_online_lr is deprecated and will be removed in the next release: write "
+        "reward_model.implicit.online_lr",
+    ]
+    with pytest.raises(ConfigError, match="^reward_model: give reward_model.implicit.beta or the older "
+                                          "reward_model.implicit_beta, not both"):
+        config_from_dict({"reward_model": {"implicit_beta": 0.5, "implicit": {"beta": 0.1}}}, check_trl=False)
+
+
+def test_a_run_directory_stored_with_the_flat_keys_resumes_quietly(caplog):
+    # A manifest written before the kinds' sections: cfg.model_dump with reward_model.implicit_beta, ... flat.
+    from pipeline.rm_kinds import config as rm_config
+
+    rm_config._WARNED.clear()
+    now = config_from_dict({"reward_model": {"kinds": ["implicit"], "implicit": {"beta": 0.5}},
+                            "collect": {"rollouts_per_step": 0}, "supervision": {"process_reward_model": "implicit"}},
+                           check_trl=False)
+    stored = now.model_dump(mode="json")
+    rm = stored["reward_model"]
+    rm.update(implicit_beta=rm.pop("implicit")["beta"], implicit_online_lr=None, orm_loss=rm.pop("orm")["loss"])
+    with caplog.at_level("WARNING"):
+        assert resumed_config_diff(stored, now) == []
+    assert caplog.records == []  # the user wrote none of it
+    changed = config_from_dict({"reward_model": {"kinds": ["implicit"], "implicit": {"beta": 0.25}},
+                                "collect": {"rollouts_per_step": 0}, "supervision": {"process_reward_model": "implicit"}},
+                           check_trl=False)
+    assert resumed_config_diff(stored, changed) == ["reward_model.implicit.beta: 0.5 -> 0.25"]
+    # refuse_changed_config, the resume's own check, reads the manifest so.
+    from pipeline.preflight import refuse_changed_config
+    from pipeline.rundir import RunDirError
+
+    class Manifest:
+        data = {"config": stored}
+
+    refuse_changed_config(Manifest(), now)
+    with pytest.raises(RunDirError, match="reward_model.implicit.beta: 0.5 -> 0.25"):
+        refuse_changed_config(Manifest(), changed)
 
 
 def test_hybrid_config_and_the_reward_models_it_loads():
@@ -382,7 +440,8 @@ def test_declared_types_accept_what_trl_takes():
     ({"reward_model": {"train_args": {"num_train_epochs": -1}}},
      "reward_model.train_args.num_train_epochs: must be above 0, got -1"),
     # a pairwise ORM alone trains with TRL's RewardConfig, whose own fields are then fine
-    ({"reward_model": {"kinds": ["orm"], "orm_loss": "pairwise", "train_args": {"center_rewards_coefficient": 0.01}},
+    ({"reward_model": {"kinds": ["orm"], "orm": {"loss": "pairwise"},
+                       "train_args": {"center_rewards_coefficient": 0.01}},
       "supervision": {"mode": "outcome", "rewards": {"orm": 1.0}}}, None),
     # values TRL accepts when built and fails on (or trains nothing with) after round 0
     ({"grpo": {"temperature": 0}}, "grpo.temperature: must be above 0"),
@@ -390,12 +449,32 @@ def test_declared_types_accept_what_trl_takes():
     ({"grpo": {"max_completion_length": -3}}, "grpo.max_completion_length: must be at least 1, got -3"),
     ({"grpo": {"learning_rate": float("nan")}}, "grpo.learning_rate: must be a finite number, got nan"),
     ({"bootstrap": {"sft_args": {"learning_rate": -1}}}, "bootstrap.sft_args.learning_rate: must be at least 0, got -1"),
+    # every ranged field, not only those above: these three started a run (save_steps: -1 until the first save)
+    ({"grpo": {"save_steps": -1}}, "grpo.save_steps: must be above 0, got -1"),
+    ({"grpo": {"adam_beta2": 1.5}}, "grpo.adam_beta2: must be in [0, 1), got 1.5"),
+    ({"reward_model": {"train_args": {"max_steps": 0}}},
+     "reward_model.train_args.max_steps: must be -1 (train num_train_epochs) or at least 1, got 0"),
+    ({"grpo": {"save_steps": 0.5, "max_steps": -1, "top_p": 1}}, None),  # a fraction of the steps; the defaults
 ])
 def test_pass_through_values_that_would_fail_after_round_zero_are_refused_at_load(data, expected):
     if expected is None:
         config_from_dict(data, check_trl=True)
     else:
         assert error_of(data, check_trl=True).startswith(expected)
+
+
+def test_every_pass_through_range_names_a_field_of_trl_or_transformers():
+    # A key no config has (renamed or removed upstream) would check nothing; and each range accepts the default.
+    import dataclasses
+
+    from trl import GRPOConfig, RewardConfig, SFTConfig
+
+    from pipeline.passthrough import _RANGES
+
+    defaults = {f.name: f.default for c in (GRPOConfig, SFTConfig, RewardConfig) for f in dataclasses.fields(c)}
+    assert [key for key in _RANGES if key not in defaults] == []
+    numeric = {k: v for k, v in defaults.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert [key for key, (valid, _) in _RANGES.items() if key in numeric and not valid(numeric[key])] == []
 
 
 def test_malformed_yaml_in_an_override_names_the_override():
@@ -417,8 +496,8 @@ def test_grpo_number_where_a_flag_is_expected():
 
 
 # --- optional engines (vLLM, Ray): one clear error when absent ---------------------------------------
-# vLLM is not installed in CI; where a test needs the config to pass as if it were, `pipeline.config._installed`
-# is patched, which is the one place the config asks whether an extra is there.
+# vLLM is not installed in CI; where a test needs the config to pass as if it were, `pipeline.preflight._installed`
+# is patched, which is the one place that asks whether an extra is there (`check_extras`: every igrpo command).
 
 
 @pytest.mark.parametrize(
@@ -431,9 +510,9 @@ def test_grpo_number_where_a_flag_is_expected():
     ],
 )
 def test_vllm_without_the_extra_is_one_clear_error(monkeypatch, sections, fields):
-    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "vllm")
+    monkeypatch.setattr("pipeline.preflight._installed", lambda module: module != "vllm")
     with pytest.raises(ConfigError) as e:
-        config_from_dict(sections)
+        check_extras(config_from_dict(sections))
     msg = str(e.value)
     # One line naming every field that asks for vLLM, the install command, and the setting that avoids it.
     assert msg.startswith(f"{fields}: needs the [vllm] extra") and "pip install 'iterative-grpo[vllm]'" in msg
@@ -441,16 +520,16 @@ def test_vllm_without_the_extra_is_one_clear_error(monkeypatch, sections, fields
 
 
 def test_ray_without_the_extra_is_one_clear_error(monkeypatch):
-    monkeypatch.setattr("pipeline.config._installed", lambda module: module != "prefect_ray")
+    monkeypatch.setattr("pipeline.preflight._installed", lambda module: module != "prefect_ray")
     with pytest.raises(ConfigError, match=r"^collect.task_runner: needs the \[ray\] extra.*'iterative-grpo\[ray\]'"):
-        config_from_dict({"collect": {"workers": 2, "task_runner": "ray"}})
+        check_extras(config_from_dict({"collect": {"workers": 2, "task_runner": "ray"}}))
     # One worker never starts a task runner, so it needs no extra.
     cfg = config_from_dict({"collect": {"workers": 1, "task_runner": "ray"}}, check_trl=False)
     assert (cfg.collect.workers, cfg.collect.task_runner) == (1, "ray")
 
 
 def test_vllm_settings_pass_when_installed_and_reach_trl(monkeypatch):
-    monkeypatch.setattr("pipeline.config._installed", lambda module: True)
+    monkeypatch.setattr("pipeline.preflight._installed", lambda module: True)
     cfg = config_from_dict({"collect": {"backend": "vllm", "vllm_args": {"gpu_memory_utilization": 0.5}},
                             "eval": {"backend": "vllm"}, "grpo": {"use_vllm": True, "vllm_mode": "server"}})
     assert cfg.collect.backend == cfg.eval.backend == "vllm"
@@ -464,8 +543,9 @@ def test_vllm_settings_pass_when_installed_and_reach_trl(monkeypatch):
 
 def test_default_config_needs_no_extra(monkeypatch):
     asked = []
-    monkeypatch.setattr("pipeline.config._installed", lambda module: asked.append(module) or False)
+    monkeypatch.setattr("pipeline.preflight._installed", lambda module: asked.append(module) or False)
     cfg = config_from_dict({}, check_trl=False)
+    assert check_extras(cfg) == "none needed"
     # With no extra installed the defaults load, asking for none, and run on the built-in engines:
     # HF generate for collection and eval, no vLLM in GRPO, one collection worker in this process.
     assert asked == []
@@ -535,15 +615,6 @@ def test_config_diff_of_real_configs_after_an_override():
     base = config_from_dict({}, check_trl=False).model_dump()
     changed = config_from_dict({}, ["run.seed=3", "collect.rollouts_per_step=8"], check_trl=False).model_dump()
     assert config_diff(base, changed) == ["collect.rollouts_per_step: 4 -> 8", "run.seed: 0 -> 3"]
-
-
-def test_the_config_reference_page_is_the_generated_one():
-    # Every field is documented where users look (docs/config.md, linked from the README): regenerate with
-    # pipeline.config.config_reference().
-    from pipeline.config import config_reference
-
-    page = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
-    assert page.endswith(config_reference())
 
 
 def test_overrides_leave_the_callers_dict_as_it_was():

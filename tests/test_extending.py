@@ -18,6 +18,7 @@ from pipeline.phases import PHASES, PhaseResult
 from pipeline.problems import PROBLEM_SETS, Problem, ProblemSet, ProblemSetConfig
 from pipeline.rewards import REWARD_FUNCS
 from pipeline.rm_kinds import RM_KINDS, RewardModelKind
+from pipeline.rm_kinds.sections import KindSection
 from tests.helpers import mini_config
 
 # --- a problem set: doubling a number, step by step --------------------------------------------------------
@@ -118,7 +119,11 @@ def _soft_prm_scorer(model, tokenizer, batch_size, rm):
 def _soft_prm_examples(rows, tokenizer, rm):
     from pipeline.rm_kinds.prm import prm_examples
 
-    return prm_examples(rows, tokenizer, "soft")
+    return prm_examples(rows, tokenizer, rm.soft_prm.target)  # its own section, `reward_model.soft_prm`
+
+
+class SoftPrmSection(KindSection):
+    target: str = Field("soft", pattern="^(soft|hard)$", description="The MC labels it trains on.")
 
 
 SOFT_PRM = RewardModelKind(examples=_soft_prm_examples, pairwise=lambda rm: False, scorer=_soft_prm_scorer,
@@ -150,13 +155,14 @@ def registered(registries):
                    step_rewards=True, reads=("process_credit", "process_baseline", "process_reward_model"),
                    replaces={"reward_weights": "set by the pipeline from supervision.rewards"})
     RM_KINDS.register("soft_prm", head="AutoModelForTokenClassification", scores_steps=True, implementation=SOFT_PRM,
-                      description="soft-label PRM")
+                      description="soft-label PRM", config=SoftPrmSection)
     PHASES.register("shard_stats", after="collect", run=shard_stats, figures=("shard_stats/rows",),
                     inputs=lambda done, r: {"shard": done(r, "collect").path})
 
 
 def test_the_registrations_reach_the_config(registered):
-    from pipeline.config import ConfigError, config_reference
+    from docs.generate import config_reference
+    from pipeline.config import ConfigError
     from pipeline.loading import config_from_dict
 
     cfg = config_from_dict({"problems": {"kind": "doubling", "doubling": {"num_train": 10}},
@@ -164,6 +170,7 @@ def test_the_registrations_reach_the_config(registered):
                                             "process_reward_model": "soft_prm"},
                             "reward_model": {"kinds": ["soft_prm"]}}, check_trl=False)
     assert cfg.problems.doubling.num_train == 10 and "problems.doubling.num_train" in config_reference()
+    assert cfg.reward_model.soft_prm.target == "soft" and "reward_model.soft_prm.target" in config_reference()
     with pytest.raises(ConfigError, match="supervision.process_reward_model: 'orm' scores whole solutions"):
         config_from_dict({"supervision": {"mode": "centred_hybrid", "process_reward_model": "orm"},
                           "reward_model": {"kinds": ["orm"]}}, check_trl=False)

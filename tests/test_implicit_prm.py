@@ -63,7 +63,7 @@ def test_step_scores_are_the_sigmoid_of_the_hand_computed_values(pair):
     from pipeline.reward_model import load_scorer
 
     phi_dir, ref_dir, tok = pair
-    rm = RewardModelConfig(kinds=["implicit"], aggregation="last", implicit_beta=3.0)  # beta: the checkpoint's 0.5
+    rm = RewardModelConfig(kinds=["implicit"], aggregation="last", implicit={"beta": 3.0})  # beta: the checkpoint's 0.5
     scorer = load_scorer("implicit", phi_dir, rm, batch_size=2)
     prompts = ["What is 3+4?\n", "What is 12-5?\n", "Q\n"]
     completions = ["3+4=7\nAnswer: 7", "12-5=8\n8-1=7\nAnswer: 7\n", "Answer: 1"]  # unequal lengths: padding
@@ -176,7 +176,7 @@ def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tin
     from models import load_reward_model
     from pipeline.reward_model import auc, load_scorer, train_reward_model
 
-    cfg = _cfg(implicit_beta=0.5, train_args={"learning_rate": 3e-3, "max_steps": 8, "per_device_train_batch_size": 8,
+    cfg = _cfg(implicit={"beta": 0.5}, train_args={"learning_rate": 3e-3, "max_steps": 8, "per_device_train_batch_size": 8,
                                               "logging_steps": 1})
     rows, losses = ROWS, _logged_losses()
     out = train_reward_model(cfg, "implicit", rows, tiny_policy_dir, tmp_path / "implicit", warm=False,
@@ -234,9 +234,9 @@ def test_the_config_checks(tiny_dirs):
     from pipeline.loading import config_from_dict
 
     cfg = _cfg()
-    assert cfg.reward_model.implicit_beta == 0.05 and cfg.collect.rollouts_per_step == 0
-    with pytest.raises(ConfigError, match="reward_model.implicit_beta: Input should be greater than 0"):
-        _cfg(implicit_beta=0)
+    assert cfg.reward_model.implicit.beta == 0.05 and cfg.collect.rollouts_per_step == 0
+    with pytest.raises(ConfigError, match="reward_model.implicit.beta: Input should be greater than 0"):
+        _cfg(implicit={"beta": 0})
     with pytest.raises(ConfigError, match="collect.rollouts_per_step: 0 collects no Monte-Carlo step labels, which "
                                           "prm in reward_model.kinds trains on"):
         config_from_dict({"collect": {"rollouts_per_step": 0}}, check_trl=False)  # the default kinds: prm, orm
@@ -246,9 +246,9 @@ def test_the_config_checks(tiny_dirs):
                                           "which implicit needs"):
         _cfg(model=str(tiny_dirs / "prm"))
     assert _cfg(model=str(tiny_dirs / "policy")).reward_model.model == str(tiny_dirs / "policy")
-    assert _cfg(implicit_online_lr=1e-6).reward_model.implicit_online_lr == 1e-6
-    with pytest.raises(ConfigError, match="implicit_online_lr updates the implicit PRM that gives GRPO its step"):
-        config_from_dict({"reward_model": {"kinds": ["implicit", "prm"], "implicit_online_lr": 1e-6}}, check_trl=False)
+    assert _cfg(implicit={"online_lr": 1e-6}).reward_model.implicit.online_lr == 1e-6
+    with pytest.raises(ConfigError, match="implicit.online_lr updates the implicit PRM that gives GRPO its step"):
+        config_from_dict({"reward_model": {"kinds": ["implicit", "prm"], "implicit": {"online_lr": 1e-6}}}, check_trl=False)
 
 
 def test_a_policy_checkpoint_is_not_taken_for_an_implicit_prm(tiny_dirs):
@@ -287,7 +287,7 @@ def test_two_rounds_of_process_supervision_from_the_implicit_prm(tmp_path, mlflo
 
     data = mini_config(tmp_path, run={"rounds": 1}, collect={"rollouts_per_step": 0},
                        supervision={"mode": "process", "process_reward_model": "implicit", "prompts_per_round": 8},
-                       reward_model={"kinds": ["implicit"], "implicit_online_lr": 1e-5},  # PRIME's update too
+                       reward_model={"kinds": ["implicit"], "implicit": {"online_lr": 1e-5}},  # PRIME's update too
                        tracking={"tracking_uri": mlflow_tmp})
     cfg = config_from_dict(data)
     rounds.run_rounds(cfg)

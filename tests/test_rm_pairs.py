@@ -27,8 +27,8 @@ def test_pairs_are_correct_against_incorrect_within_a_prompt_and_round():
 
 
 def test_pairwise_orm_without_any_pair_is_a_clear_error(tmp_path, tiny_policy_dir):
-    cfg = config_from_dict({"reward_model": {"orm_loss": "pairwise"}}, check_trl=False)
+    cfg = config_from_dict({"reward_model": {"orm": {"loss": "pairwise"}}}, check_trl=False)
     rows = [row(0, "a", "1", 1), row(0, "b", "2", 0)]
-    with pytest.raises(ValueError, match="orm_loss=pairwise: no prompt has both"):
+    with pytest.raises(ValueError, match="orm.loss=pairwise: no prompt has both"):
         train_reward_model(cfg, "orm", rows, tiny_policy_dir, tmp_path / "orm", warm=False)
     assert not (tmp_path / "orm").exists()

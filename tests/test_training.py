@@ -150,7 +150,7 @@ def test_prm_trained_on_gold_labels_separates_steps(setup):
 def test_pairwise_orm_with_trl_reward_trainer_ranks_correct_above_wrong(setup):
     cfg, ps, policy, tmp = setup
     data = cfg.model_dump(mode="json")
-    data["reward_model"] = {**data["reward_model"], "orm_loss": "pairwise", "train_args": {
+    data["reward_model"] = {**data["reward_model"], "orm": {"loss": "pairwise"}, "train_args": {
         "learning_rate": 1e-3, "num_train_epochs": 2, "per_device_train_batch_size": 16, "lr_scheduler_type": "cosine"}}
     cfg = config_from_dict(data)
     train, held = slipped_rows(ps, ps.train[:300]), slipped_rows(ps, ps.test[:60])

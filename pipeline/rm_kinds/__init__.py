@@ -4,7 +4,8 @@ without importing transformers.
 An entry says how the kind's model is built (a transformers head, one logit, on a policy's backbone), whether it
 scores steps (then it can drive process and hybrid mode: `supervision.process_reward_model`), and where its
 implementation is: a `RewardModelKind` (training examples and loss, scorer, held-out metrics), imported when first
-used. The reward-model phase, every scorer (`pipeline.reward_model.load_scorer`), `models.factories` and the eval
+used. A kind may declare its own config section, `reward_model.<kind>` (`pipeline/rm_kinds/sections.py`), and a check
+of the whole config; its texts make the docs' table of kinds (`docs/generate.py`). The reward-model phase, every scorer (`pipeline.reward_model.load_scorer`), `models.factories` and the eval
 phase read the table. A new kind is its module plus one `RM_KINDS.register(NAME, ...)` call (docs/extending.md).
 
 A kind that scores steps is read in one of the published PRM layouts, `PRM_HEADS` (`reward_model.head`): today's
@@ -14,11 +15,14 @@ one-logit value head at each step's closing newline, Math-Shepherd's label token
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.modes import step_reward_modes, supervision_mode
+from pipeline.problems import PROBLEM_SETS
 from pipeline.registry import Registry, resolve
+from pipeline.rm_kinds.sections import ImplicitSection, KindSection, OrmSection, check_implicit, check_orm
 
 
 @dataclass(frozen=True)
@@ -70,34 +74,59 @@ class RMKindEntry:
             the backbone, new in round 0; a checkpoint's architecture tells its kind where `igrpo.json` does not.
         scores_steps: its scorer reads a score at every step end (it can give process supervision's step rewards).
         implementation: its `RewardModelKind`, or where it is, "module:attribute" (imported on first use).
-        description: one line, for the docs' table.
+        description: what it scores, for the docs' table of kinds.
+        training: how it is trained, for the table.
+        use: when to use it, for the table.
         mc_labels: it trains on the collection's Monte-Carlo step labels, so `collect.rollouts_per_step: 0` (no
             rollouts) is refused while it is in `reward_model.kinds`.
         layouts: its model takes a PRM head layout (`reward_model.head`, `step_tag`, `label_tokens`, `init`;
             `PRM_HEADS`), recorded in its checkpoint.
+        config: its own config section, `reward_model.<kind>` (a `KindSection`); None: none.
+        moved: its section's fields that were flat `reward_model.*` keys before: old key -> field. The old key is
+            still read, with a deprecation warning naming the new one.
+        check: (the whole `PipelineConfig`) -> None, raising ValueError that names the field and says the fix;
+            run at load while the kind is in `reward_model.kinds`.
     """
 
     head: str
     scores_steps: bool
     implementation: str | RewardModelKind
     description: str = ""
+    training: str = ""
+    use: str = ""
     mc_labels: bool = True
     layouts: bool = False
+    config: type[KindSection] | None = None
+    moved: Mapping[str, str] = field(default_factory=dict)
+    check: Callable[[Any], None] | None = None
 
 
 RM_KINDS: Registry[RMKindEntry] = Registry("reward model kind", RMKindEntry, {
     "prm": RMKindEntry(
         head="AutoModelForTokenClassification", scores_steps=True, implementation="pipeline.rm_kinds.prm:PRM",
-        description="process RM: P(step correct) at each step's end, BCE on the MC step labels (hard or soft)",
+        description="every step, read at its end; a solution is the `aggregation` (min, last, product) of its steps. "
+        "`head`: a value head at each step's closing newline (default), or at a tag token after it, Math-Shepherd's "
+        "P(`+`) against `-` (`label_tokens`) or Qwen2.5-Math-PRM's 2 classes (`classification`)",
+        training="cross-entropy at step ends on the MC labels, hard or soft (`target`)",
+        use="process and hybrid mode (the default `supervision.process_reward_model`); best-of-N and the vote; "
+            "`init:` starts from a published PRM ([docs](docs/reward-models.md#start-from-a-published-prm))",
         layouts=True),
     "orm": RMKindEntry(
         head="AutoModelForSequenceClassification", scores_steps=False, implementation="pipeline.rm_kinds.orm:ORM",
-        description="outcome RM: P(correct) of a whole solution, BCE on the verifier's labels, or pairwise",
-        mc_labels=False),
+        description="the whole solution (one logit, P(correct)); with `orm.loss: pairwise` a ranking score",
+        training="`orm.loss: bce` (default) on the verifier's 0/1 outcomes, or `pairwise`: Bradley-Terry with TRL's "
+                 "`RewardTrainer` on (correct, incorrect) pairs of one prompt",
+        use="an `orm` reward in outcome or hybrid mode; best-of-N and the vote",
+        mc_labels=False, config=OrmSection, moved={"orm_loss": "loss"}, check=check_orm),
     "implicit": RMKindEntry(
         head="AutoModelForCausalLM", scores_steps=True, implementation="pipeline.rm_kinds.implicit:IMPLICIT",
-        description="implicit PRM: beta log(pi/pi_ref) of a causal LM, BCE on the verifier's labels; its partial "
-        "sums value every step", mc_labels=False),
+        description="every step: sigmoid of `implicit.beta` times the summed log-ratio of a causal LM to its frozen "
+        "reference (the round-0 policy) up to the step's end (implicit PRM, PRIME)",
+        training="BCE of sigmoid(beta log pi/pi_ref) on the verifier's outcomes: no step labels, no MC rollouts",
+        use="process or hybrid mode without Monte-Carlo labelling; PRIME's credit; scoring costs two LM forwards "
+            "([docs](docs/reward-models.md#the-implicit-prm))",
+        mc_labels=False, config=ImplicitSection, moved={"implicit_beta": "beta", "implicit_online_lr": "online_lr"},
+        check=check_implicit),
 })
 
 
@@ -192,3 +221,90 @@ def layout_of(rm: Any) -> PrmLayout:
     entry = prm_head(rm.head)
     tokens = tuple(rm.label_tokens) if rm.label_tokens else entry.label_tokens
     return PrmLayout(rm.head, rm.step_tag or entry.step_tag, tokens)
+
+
+def check_layout(rm: Any) -> None:
+    """Every mistake in the PRM layout that `reward_model:` (`rm`) asks for, before any work (its tokens against a
+    tokenizer: the preflight). Raises ValueError naming the field."""
+    entry = prm_head(rm.head)
+    if rm.step_tag is not None and entry.step_tag is None:
+        raise ValueError(f"step_tag: head {rm.head!r} puts no tag after a step (it reads each step's closing "
+                         "newline); drop step_tag, or set head: label_tokens or classification")
+    if rm.step_tag == "":
+        raise ValueError("step_tag: empty; give the tag token, or drop it for the head's default")
+    if rm.label_tokens is not None and entry.label_tokens is None:
+        raise ValueError(f"label_tokens: head {rm.head!r} reads no label tokens; drop label_tokens, or set "
+                         "head: label_tokens")
+    tokens = rm.label_tokens
+    if tokens is not None and (len(tokens) != 2 or len(set(tokens)) != 2 or "" in tokens):
+        raise ValueError(f"label_tokens: {tokens} must be two different tokens, [right, wrong], e.g. ['+', '-']")
+    layout = layout_of(rm)
+    if layout.label_tokens and layout.step_tag in layout.label_tokens:
+        raise ValueError(f"step_tag {layout.step_tag!r} is also a label token: the tag must be its own token")
+    shaped = {"head": rm.head != "value", "step_tag": rm.step_tag, "label_tokens": rm.label_tokens, "init": rm.init}
+    given = [name for name, value in shaped.items() if value]
+    if given and not any(rm_entry(kind).layouts for kind in rm.kinds):
+        raise ValueError(f"{', '.join(given)}: only {', '.join(layout_kinds())} has a PRM layout, and kinds "
+                         f"{rm.kinds} has none: add one, or drop {', '.join(given)}")
+
+
+def check_kinds(cfg: Any) -> None:
+    """What the RM kinds need of the rest of a `PipelineConfig`: the step scorer among them and scoring steps, MC
+    labels collected for the kinds that train on them, then each kind's own check. Raises ValueError."""
+    mode, step_rm, kinds = cfg.supervision.mode, cfg.supervision.process_reward_model, cfg.reward_model.kinds
+    if supervision_mode(mode).step_rewards:
+        if step_rm not in kinds:
+            raise ValueError(f"reward_model.kinds must include {step_rm!r} when supervision.mode is '{mode}' "
+                             f"(supervision.process_reward_model: its step scores are the step rewards)")
+        if not rm_entry(step_rm).scores_steps:
+            raise ValueError(f"supervision.process_reward_model: {step_rm!r} scores whole solutions, not steps; "
+                             f"give a kind that scores steps: {', '.join(step_kinds())}")
+    needs_mc = [kind for kind in kinds if kind in mc_label_kinds()]
+    if cfg.collect.rollouts_per_step == 0 and needs_mc:
+        others = [k for k in RM_KINDS if k not in mc_label_kinds()]
+        raise ValueError(f"collect.rollouts_per_step: 0 collects no Monte-Carlo step labels, which "
+                         f"{', '.join(needs_mc)} in reward_model.kinds trains on: set rollouts_per_step >= 1, "
+                         f"or train only kinds that need none ({', '.join(others)})")
+    for kind in kinds:
+        if RM_KINDS[kind].check:
+            RM_KINDS[kind].check(cfg)
+    _check_oracle(cfg)
+
+
+def _check_oracle(cfg: Any) -> None:
+    """`reward_model.oracle` stands in for the step scorer: a mode with step rewards, a problem set with gold ones."""
+    oracle, mode = cfg.reward_model.oracle, cfg.supervision.mode
+    if oracle is None:
+        return
+    if cfg.supervision.process_reward == "prime":
+        raise ValueError(f"reward_model.oracle: {oracle!r} gives step labels, and process_reward: prime needs the "
+                         "implicit PRM's token rewards: drop the oracle, or use process_reward: progress")
+    if not supervision_mode(mode).step_rewards:
+        raise ValueError(f"reward_model.oracle: {oracle!r} replaces the PRM's step rewards, which only supervision."
+                         f"mode {' or '.join(map(repr, step_reward_modes()))} uses, not {mode!r}; "
+                         "drop reward_model.oracle or change the mode")
+    with_gold = [kind for kind, p in PROBLEM_SETS.items() if p.problem_set.has_gold_step_labels]
+    if cfg.problems.kind not in with_gold:
+        raise ValueError(f"reward_model.oracle: {oracle!r} needs gold step labels, which problems.kind "
+                         f"{cfg.problems.kind!r} does not have (kinds with them: {', '.join(with_gold)}); "
+                         "drop reward_model.oracle")
+
+
+def move_flat_keys(data: dict) -> tuple[dict, list[tuple[str, str]]]:
+    """`reward_model:` data with each kind's older flat keys (`implicit_beta`) moved into its section
+    (`implicit: {beta: ...}`), and the (old, new) dotted keys moved. Both given is a ValueError.
+
+    >>> move_flat_keys({"kinds": ["orm"], "orm_loss": "pairwise"})
+    ({'kinds': ['orm'], 'orm': {'loss': 'pairwise'}}, [('reward_model.orm_loss', 'reward_model.orm.loss')])
+    """
+    data, moved = dict(data), []
+    for kind, entry in RM_KINDS.items():
+        for old, new in entry.moved.items():
+            section = data.get(kind) or {}
+            if old not in data or not isinstance(section, dict):  # a section that is no mapping: its own error
+                continue
+            if new in section:
+                raise ValueError(f"give reward_model.{kind}.{new} or the older reward_model.{old}, not both")
+            data[kind] = {**section, new: data.pop(old)}
+            moved.append((f"reward_model.{old}", f"reward_model.{kind}.{new}"))
+    return data, moved

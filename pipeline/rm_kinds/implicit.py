@@ -152,7 +152,7 @@ def with_reference(examples: list[dict], start: str, warm: bool, rm, batch_size:
         logp = sequence_logprobs(model, ids.to(device), mask.to(device)).cpu()  # (b, T)
         for b, row in zip(batch, logp):
             b["ref_logprobs"] = row[: len(b["input_ids"])].tolist()
-    return examples, {"reference": reference, "beta": rm.implicit_beta}
+    return examples, {"reference": reference, "beta": rm.implicit.beta}
 
 
 def implicit_collate(pad_id: int):
@@ -268,8 +268,8 @@ def checkpoint_scorer(model, tokenizer, batch_size: int, rm) -> ImplicitPrmScore
 
     meta = recorded(model.name_or_path)  # from_pretrained keeps the directory it loaded from
     reference, _ = load_policy(meta["reference"])
-    return ImplicitPrmScorer(model, reference, tokenizer, batch_size, meta.get("beta", rm.implicit_beta),
-                             rm.aggregation, rm.implicit_online_lr)
+    return ImplicitPrmScorer(model, reference, tokenizer, batch_size, meta.get("beta", rm.implicit.beta),
+                             rm.aggregation, rm.implicit.online_lr)
 
 
 def implicit_metrics(scorer: ImplicitPrmScorer, rows: list[dict]) -> dict[str, float]:
@@ -285,7 +285,7 @@ IMPLICIT = RewardModelKind(
     metrics=implicit_metrics,
     lora_task_type="CAUSAL_LM",
     solution_auc="implicit/solution_auc",
-    loss=lambda rm, tokenizer: partial(implicit_loss, beta=rm.implicit_beta),
+    loss=lambda rm, tokenizer: partial(implicit_loss, beta=rm.implicit.beta),
     loss_is_mean=True,
     collate=implicit_collate,
     prepare=with_reference,

@@ -34,12 +34,12 @@ def orm_pairs(rows: list[dict], tokenizer) -> list[dict]:
 
 
 def _examples(rows: list[dict], tokenizer, rm) -> list[dict]:
-    if rm.orm_loss != "pairwise":
+    if rm.orm.loss != "pairwise":
         return orm_examples(rows, tokenizer)
     pairs = orm_pairs(rows, tokenizer)
     if not pairs:
-        raise ValueError("reward_model.orm_loss=pairwise: no prompt has both a correct and an incorrect "
-                         "completion in the training rows; use orm_loss: bce or sample more per prompt")
+        raise ValueError("reward_model.orm.loss=pairwise: no prompt has both a correct and an incorrect "
+                         "completion in the training rows; use loss: bce or sample more per prompt")
     return pairs
 
 
@@ -52,7 +52,7 @@ def orm_metrics(scorer: OrmScorer, rows: list[dict]) -> dict[str, float]:
 
 ORM = RewardModelKind(
     examples=_examples,
-    pairwise=lambda rm: rm.orm_loss == "pairwise",
+    pairwise=lambda rm: rm.orm.loss == "pairwise",
     scorer=lambda model, tokenizer, batch_size, rm: OrmScorer(model, tokenizer, batch_size),
     metrics=orm_metrics,
     lora_task_type="SEQ_CLS",

@@ -1,0 +1,102 @@
+"""The docs' generated parts, from the code: the config reference (docs/config.md, from the fields' descriptions) and
+the tables of supervision modes and RM kinds (README.md, docs/supervision.md, docs/reward-models.md, from the
+registries' declarations). Each lies between `<!-- generated: NAME -->` and `<!-- end generated -->`.
+
+Run after changing a field, a mode or a kind, with the package installed: `python docs/generate.py`
+(tests/test_docs_generated.py fails while a page differs from what this writes).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from pipeline.config import PipelineConfig, Section
+from pipeline.modes import MODES
+from pipeline.rm_kinds import RM_KINDS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config_reference() -> str:
+    """One table per section of the run config, from the fields' defaults and descriptions."""
+
+    def rows(model: type[BaseModel], prefix: str) -> list[str]:
+        out = []
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):  # a section: Section, a problem set's, a kind's
+                out += rows(ann, f"{prefix}{name}.")
+            else:
+                default = f.get_default(call_default_factory=True)
+                if isinstance(default, str):  # a newline default ("\n") would break the table's row
+                    default = default.encode("unicode_escape").decode()
+                out.append(f"| `{prefix}{name}` | `{default}` | {f.description or ''} |")
+        return out
+
+    parts: list[str] = []
+    for name, f in PipelineConfig.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, Section):
+            parts += ["", f"**`{name}:`** ", "", "| field | default | meaning |", "|---|---|---|", *rows(ann, f"{name}.")]
+        else:  # a pass-through dict: a row under the section before it
+            parts.append(f"| `{name}` | `{f.get_default(call_default_factory=True)}` | {f.description or ''} |")
+    return "\n".join(parts[1:]) + "\n"
+
+
+def modes_table() -> str:
+    """`supervision.mode`'s choices (`pipeline.modes.MODES`): what the advantage is, when to use it."""
+    rows = [f"| `{name}` | {m.description} | {m.use} |" for name, m in MODES.items()]
+    return "\n".join(["| mode | what the advantage is | when to use it |", "|---|---|---|", *rows]) + "\n"
+
+
+def kinds_table() -> str:
+    """`reward_model.kinds`' choices (`pipeline.rm_kinds.RM_KINDS`): what each scores, how it is trained, when to
+    use it."""
+    rows = [f"| `{name}` | {e.description} | {e.training} | {e.use} |" for name, e in RM_KINDS.items()]
+    return "\n".join(["| kind | what it scores | how it is trained | when to use it |", "|---|---|---|---|",
+                      *rows]) + "\n"
+
+
+# page -> the regions it holds, by name
+PAGES = {
+    "README.md": {"modes": modes_table, "rm-kinds": kinds_table},
+    "docs/supervision.md": {"modes": modes_table},
+    "docs/reward-models.md": {"rm-kinds": kinds_table},
+    "docs/config.md": {"config": config_reference},
+}
+
+
+def generated(page: str, text: str) -> str:
+    """`text` (the page `page`, relative to the repository) with each of its regions made again. The tables' links
+    are written from the README: a page in docs/ gets them relative to itself."""
+    for name, make in PAGES[page].items():
+        body = make()
+        if page.startswith("docs/"):
+            body = body.replace("](docs/", "](")
+        pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(<!-- end generated -->)", re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{page}: no region '<!-- generated: {name} -->' ... '<!-- end generated -->'")
+        text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+    return text
+
+
+def stale() -> list[str]:
+    """The pages whose generated regions differ from what the code makes now."""
+    return [page for page in PAGES if generated(page, (ROOT / page).read_text()) != (ROOT / page).read_text()]
+
+
+def main() -> None:
+    for page in PAGES:
+        path = ROOT / page
+        text = path.read_text()
+        new = generated(page, text)
+        if new != text:
+            path.write_text(new)
+            print(f"wrote {page}")
+
+
+if __name__ == "__main__":
+    main()
