@@ -31,7 +31,7 @@ def main() -> None:
         for lr in (None, 1e-6):
             cfg = config_from_dict(mini_config(Path(tmp)), [
                 f"grpo.max_steps={a.steps}", "reward_model.kinds=[implicit]",
-                f"reward_model.implicit_online_lr={'null' if lr is None else lr}",
+                f"reward_model.implicit.online_lr={'null' if lr is None else lr}",
                 "supervision.process_reward_model=implicit", "collect.rollouts_per_step=0"])
             times = StepTimes()
             run_policy_phase(cfg, problem_set_from_config(cfg), policy, Path(tmp) / f"out-{lr}", 1,

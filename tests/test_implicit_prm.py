@@ -103,7 +103,7 @@ def test_prime_credit_config():
     from pipeline.config import ConfigError
     from pipeline.loading import config_from_dict
 
-    base = {"reward_model": {"kinds": ["implicit"], "implicit_online_lr": 1e-6}, "collect": {"rollouts_per_step": 0}}
+    base = {"reward_model": {"kinds": ["implicit"], "implicit": {"online_lr": 1e-6}}, "collect": {"rollouts_per_step": 0}}
     prime = {"mode": "process", "process_reward_model": "implicit", "process_reward": "prime"}
     cfg = config_from_dict({**base, "supervision": prime}, check_trl=False)
     assert (cfg.supervision.prime_process_coef, cfg.supervision.prime_outcome_coef) == (5.0, 5.0)  # PRIME's recipe
