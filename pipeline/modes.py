@@ -176,7 +176,8 @@ def _check_prime(s: Any, fields: Mapping) -> None:
         raise ValueError("process_reward: prime is PRIME's advantage from the implicit PRM's token rewards and the "
                          "verifier's outcome together: it needs mode: process (hybrid would add the outcome twice) "
                          "and process_reward_model: implicit")
-    steps = [n for n in ("process_credit", "process_baseline", "process_centring") if getattr(s, n) != fields[n].default]
+    steps = [n for n in ("process_credit", "process_baseline", "process_centring")
+             if getattr(s, n) != fields[n].default]
     if steps:
         raise ValueError(f"{', '.join(steps)} shapes step rewards, and process_reward: prime credits token "
                          "rewards as returns with its own baselines: remove it")

@@ -192,7 +192,8 @@ _RANGES = {
     "learning_rate": _at_least(0), "weight_decay": _at_least(0), "adam_epsilon": _at_least(0),
     "adam_beta1": _within(0, 1, "[)"), "adam_beta2": _within(0, 1, "[)"), "max_grad_norm": _at_least(0),
     "warmup_steps": _at_least(0), "label_smoothing_factor": _within(0, 1, "[)"), "neftune_noise_alpha": _above(0),
-    "num_train_epochs": _above(0), "max_steps": (lambda v: v == -1 or v >= 1, "-1 (train num_train_epochs) or at least 1"),
+    "num_train_epochs": _above(0),
+    "max_steps": (lambda v: v == -1 or v >= 1, "-1 (train num_train_epochs) or at least 1"),
     # batches, steps between saves, logs and evaluations (below 1: a fraction of the training steps)
     "per_device_train_batch_size": _at_least(1), "per_device_eval_batch_size": _at_least(1),
     "gradient_accumulation_steps": _at_least(1), "eval_accumulation_steps": _at_least(1),
