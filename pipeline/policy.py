@@ -215,7 +215,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
         """Score every step of this process's completions, gather the group, return (B_all, T') advantages."""
         from accelerate.utils import gather_object
 
-        rows = [completion_steps(self.processing_class, r.tolist(), n, self.step_separator) for r, n in zip(ids, lengths)]
+        # One copy of the ids to the host (a row at a time was one device sync per completion on a GPU).
+        rows = [completion_steps(self.processing_class, r, n, self.step_separator) for r, n in zip(ids.tolist(), lengths)]
         prompts = prompt_texts(inputs, self.processing_class, self.chat_template_kwargs)
         if getattr(self.prm_scorer, "online_lr", None) and self.model.training:  # PRIME: update, then score
             start = self.accelerator.process_index * len(inputs)  # this process's rows; the verifier is column 0

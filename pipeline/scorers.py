@@ -13,6 +13,7 @@ A non-finite score is an error naming the sample (a broken checkpoint), never ma
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -110,9 +111,14 @@ class PrmScorer(StepScorer):
         texts, reads = zip(*(self.reader.place(p, c, self.separator) for p, c in zip(prompts, completions))) if prompts else ((), ())
         out: list[list[float]] = []
         for s, logits, offs, ids in _forward(self.model, self.tokenizer, list(texts), self.batch_size, offsets=True):
-            for r in range(logits.shape[0]):
-                idx = self.reader.tokens(offs[r].tolist(), ids[r], reads[s + r])
-                out.append(self.reader.read(logits[r, idx]).tolist())
+            idx = [self.reader.tokens(offs[r].tolist(), ids[r], reads[s + r]) for r in range(len(ids))]
+            sizes = [len(i) for i in idx]
+            # The read tokens' logits picked in one indexing and the scores copied back in one: on a GPU two
+            # transfers a batch, not two a completion. Each row is still read on its own (the same values).
+            rows = torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(sizes))  # (N,)
+            picked = logits[rows, torch.tensor([t for i in idx for t in i])].split(sizes)  # b x (n_r, C)
+            flat = torch.cat([self.reader.read(x) for x in picked]).tolist()  # (N,)
+            out += [flat[end - n : end] for n, end in zip(sizes, itertools.accumulate(sizes))]
         for i, scores in enumerate(out):
             _refuse_nonfinite("PRM", scores, [completions[i]] * len(scores), sample=i)
         return out
