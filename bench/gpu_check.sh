@@ -59,11 +59,11 @@ SET=(--config configs/smollm2-gsm8k.yaml
 if [[ $MODE == gpu ]]; then
   # 64 completions per GRPO step (8 prompts x 8), up to 192 tokens: a real step, a few seconds each.
   SET+=(--set grpo.max_completion_length=192 --set collect.max_new_tokens=192)
-  SAMPLING=(--prompts 128 --samples 4); STEPS=(--steps 4 --warmup 1)
+  SAMPLING=(--prompts 128 --samples 4); STEPS=(--steps 4 --warmup 1 --repeats 1)
 else
   SET+=(--set grpo.max_completion_length=8 --set collect.max_new_tokens=8 --set grpo.num_generations=4
         --set grpo.per_device_train_batch_size=4 --set grpo.gradient_accumulation_steps=1)
-  SAMPLING=(--prompts 4 --samples 2); STEPS=(--steps 1 --warmup 1)
+  SAMPLING=(--prompts 4 --samples 2); STEPS=(--steps 1 --warmup 1 --repeats 1)
 fi
 
 echo "== 1. sampling: HF generate vs vLLM (pipeline.generation)"

@@ -1,8 +1,11 @@
 """Time a GRPO step: (a) bare TRL GRPOTrainer + verifier, (b) ours in outcome mode, (c) ours in process mode.
 
 Same bootstrapped policy, same GRPOConfig, same prompts, and the config's `policy.lora` (if any) for all
-three, as the policy phase trains. Prints the median step time of each and the ratios (goals: b/a <= 1.05,
-c/a <= 1.3).   Run: python -m bench.policy_phase [--steps 12]
+three, as the policy phase trains. Each arm runs `--repeats` times, the arms interleaved (each repeat starts
+with the next arm, so none always runs first on a drifting machine); a run's figure is its median step time
+after `--warmup` steps. Prints each mode's ratio to bare TRL of the same repeat: the median over repeats and
+its spread (min-max). Goals (issue 49): b/a <= 1.02, c/a <= 1.05.
+  Run: python -m bench.policy_phase [--repeats 3 --steps 24]          # ~4 min on an idle 2-core machine
 Another config (a real model, on a GPU when there is one) and TRL's vLLM generation beside HF generate:
   python -m bench.policy_phase --config configs/smollm2-gsm8k.yaml --set grpo.max_completion_length=128 --vllm
 The cost of checkpointing (resuming inside a phase): a whole GRPO phase of the config (its grpo.max_steps) in
@@ -36,8 +39,9 @@ from pipeline.scorers import PrmScorer
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, help="timed steps (default 12); with --checkpoint-cost the phase's steps")
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, help="timed steps a run (default 24); with --checkpoint-cost the phase's steps")
+    ap.add_argument("--warmup", type=int, default=2, help="steps a run takes before its timed ones")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each arm, interleaved (default 3)")
     ap.add_argument("--config", help="run config (default: configs/quickstart.yaml)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--vllm", action="store_true", help="also bare TRL with grpo.use_vllm (colocate); needs vllm")
@@ -53,10 +57,9 @@ def main() -> None:
         save_model(*reward_model_from_policy(str(policy), "prm"), prm_path)
     tok = load_tokenizer(str(policy))
     data = round_prompts(ps, 10_000, cfg.run.seed, 1, renderer=renderer_from_config(cfg, tok))
-    a.steps = a.steps if a.steps or a.checkpoint_cost else 12
+    a.steps = a.steps if a.steps or a.checkpoint_cost else 24
     args = grpo_config(cfg, str(CACHE / "scratch"), max_steps=(a.steps or 0) + a.warmup, logging_steps=1000)
     peft = policy_peft_config(cfg)  # the policy phase's adapter, for bare TRL too
-    lo = cfg.policy.lora
 
     def run(kind: str, args=args, resumable: bool = False) -> float:
         timer = StepTimes()
@@ -92,22 +95,37 @@ def main() -> None:
 
     if a.checkpoint_cost:
         return checkpoint_cost(cfg, a, run)
-    results = {}
-    kinds = ["bare", "outcome", "process", "bare"]  # bare twice: first and last, to see drift
-    for kind in kinds + ["bare-vllm"] * a.vllm:
-        t = run(kind)
-        results.setdefault(kind, []).append(t)
-        print(f"{kind:<8} median step {t * 1000:8.1f} ms", flush=True)
-    bare = statistics.mean(results["bare"])
-    print(f"\nbatch: {args.per_device_train_batch_size} completions/step, {a.steps} timed steps after {a.warmup} warm-up")
-    print(f"(a) bare TRL GRPOTrainer + verifier : {bare * 1000:8.1f} ms/step")
-    print(f"(b) ours, outcome mode              : {results['outcome'][0] * 1000:8.1f} ms/step   b/a = {results['outcome'][0] / bare:.3f}  (goal <= 1.05)")
-    print(f"(c) ours, process mode (PRM)        : {results['process'][0] * 1000:8.1f} ms/step   c/a = {results['process'][0] / bare:.3f}  (goal <= 1.30)")
+    arms = ["bare", "outcome", "process"] + ["bare-vllm"] * a.vllm
+    times = {kind: [] for kind in arms}
+    for r in range(a.repeats):
+        for kind in arms[r % len(arms):] + arms[: r % len(arms)]:  # each repeat starts with the next arm
+            times[kind].append(run(kind))
+            print(f"repeat {r + 1}  {kind:<9} median step {times[kind][-1] * 1000:8.1f} ms", flush=True)
+    report(times, a, args, cfg)
+
+
+def report(times: dict[str, list[float]], a, args, cfg) -> None:
+    """Each arm's median step time and each mode's ratio to bare TRL, repeat by repeat: median (min-max)."""
+    print(f"\nbatch: {args.per_device_train_batch_size} completions/step; {a.repeats} runs of each arm, interleaved, "
+          f"each {a.steps} timed steps after {a.warmup} warm-up; ratios to bare TRL in the same repeat")
+    print(f"(a) bare TRL GRPOTrainer + verifier : {statistics.median(times['bare']) * 1000:8.1f} ms/step (median)")
+    rows = [("(b) ours, outcome mode              ", "outcome", "b/a", "<= 1.02"),
+            ("(c) ours, process mode (PRM)        ", "process", "c/a", "<= 1.05")]
+    for label, kind, name, goal in rows:
+        ratios = [t / b for t, b in zip(times[kind], times["bare"])]
+        print(f"{label}: {statistics.median(times[kind]) * 1000:8.1f} ms/step   {name} = {spread(ratios)}  (goal {goal})")
     if a.vllm:
-        v = results["bare-vllm"][0]
-        print(f"(d) bare TRL, vLLM colocate         : {v * 1000:8.1f} ms/step   a/d = {bare / v:.3f}  (HF generate / vLLM)")
+        ratios = [b / v for b, v in zip(times["bare"], times["bare-vllm"])]
+        print(f"(d) bare TRL, vLLM colocate         : {statistics.median(times['bare-vllm']) * 1000:8.1f} ms/step   "
+              f"a/d = {spread(ratios)}  (HF generate / vLLM)")
+    lo = cfg.policy.lora
     print(f"device: {args.device}, model: {cfg.policy.model}, completions up to {args.max_completion_length} tokens, "
           f"LoRA: {f'r={lo.r} on {lo.target_modules}' if lo else 'none'}, torch threads: {torch.get_num_threads()}")
+
+
+def spread(ratios: list[float]) -> str:
+    """The median of a ratio's repeats and their range: '1.012 (0.998-1.031)'."""
+    return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
 def checkpoint_cost(cfg, a, run) -> None:
