@@ -39,7 +39,8 @@ from pipeline.scorers import PrmScorer
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, help="timed steps a run (default 24); with --checkpoint-cost the phase's steps")
+    ap.add_argument("--steps", type=int,
+                    help="timed steps a run (default 24); with --checkpoint-cost the phase's steps")
     ap.add_argument("--warmup", type=int, default=2, help="steps a run takes before its timed ones")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each arm, interleaved (default 3)")
     ap.add_argument("--config", help="run config (default: configs/quickstart.yaml)")
@@ -113,7 +114,8 @@ def report(times: dict[str, list[float]], a, args, cfg) -> None:
             ("(c) ours, process mode (PRM)        ", "process", "c/a", "<= 1.05")]
     for label, kind, name, goal in rows:
         ratios = [t / b for t, b in zip(times[kind], times["bare"])]
-        print(f"{label}: {statistics.median(times[kind]) * 1000:8.1f} ms/step   {name} = {spread(ratios)}  (goal {goal})")
+        step = statistics.median(times[kind]) * 1000
+        print(f"{label}: {step:8.1f} ms/step   {name} = {spread(ratios)}  (goal {goal})")
     if a.vllm:
         ratios = [b / v for b, v in zip(times["bare"], times["bare-vllm"])]
         print(f"(d) bare TRL, vLLM colocate         : {statistics.median(times['bare-vllm']) * 1000:8.1f} ms/step   "
