@@ -1,4 +1,4 @@
-"""The `igrpo` command: the whole loop (`run`), each phase alone, `compare`, and scheduling.
+"""The `igrpo` command: the whole loop (`run`), each phase alone, `compare`, scheduling, and the servers (`stack`).
 
 The top of the house: it starts flows (`run`, `serve`, `deploy`) and single phases, so it lives in `flows/`
 and `pipeline/` never imports `flows/`.
@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pool", required=True)
     s.add_argument("--cron", help="optional schedule")
     s.add_argument("--name", help="deployment name (default: run.name)")
+    from flows.stack import add_parser
+
+    add_parser(sub)  # `igrpo stack up|status|down`: the servers a team's runs share
     return p
 
 
