@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -97,11 +98,17 @@ class State:
         write_json_atomic(self.path, self.records)
 
 
+def as_user(name: str | None) -> dict:
+    """subprocess's arguments that run a command as system user `name` with its own group alone (root's groups kept
+    would open root's group-only folders to it, and make the permission checks below it group checks)."""
+    return {"user": name, "group": pwd.getpwnam(name).pw_gid, "extra_groups": []} if name else {}
+
+
 def start(service: Service, log: Path) -> dict:
     """Start `service` in a session of its own (its children share its group), its output to `log`; its record."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(service.argv, env={**os.environ, **service.env}, cwd=service.cwd, user=service.user,
+        proc = subprocess.Popen(service.argv, env={**os.environ, **service.env}, cwd=service.cwd, **as_user(service.user),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         started = psutil.Process(proc.pid).create_time()

