@@ -108,8 +108,8 @@ def start(service: Service, log: Path) -> dict:
     """Start `service` in a session of its own (its children share its group), its output to `log`; its record."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(service.argv, env={**os.environ, **service.env}, cwd=service.cwd, **as_user(service.user),
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(service.argv, env={**os.environ, **service.env}, cwd=service.cwd, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **as_user(service.user))
     try:
         started = psutil.Process(proc.pid).create_time()
     except psutil.NoSuchProcess:  # exited at once: its log says why

@@ -26,7 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 from urllib.parse import quote
 
-from flows.services import Service, as_user, StackError, State, bring_up, stop
+from flows.services import Service, StackError, State, as_user, bring_up, stop
 from pipeline.rundir import write_json_atomic
 
 DEFAULTS = {"host": "127.0.0.1", "postgres_port": 5432, "prefect_port": 4200, "mlflow_port": 5000, "workers": 1,
@@ -191,7 +191,7 @@ def services(root: Path, settings: dict, secret: str) -> list[list[Service]]:
     prefect = Service(
         "prefect", [*py, "prefect", "server", "start", "--host", host, "--port", str(pp)],
         f"http://{_shown_host(host)}:{pp}", lambda: _answers(f"{api}/health") == b"true", port=(host, pp),
-        env={**prefect_home, "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg")})  # migrated as it starts
+        env={**prefect_home, "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg")})  # it migrates
     mlflow = Service(
         "mlflow", [*py, "mlflow", "server", "--host", host, "--port", str(mp),
                    "--artifacts-destination", str(root / "mlflow-artifacts")],
@@ -200,13 +200,14 @@ def services(root: Path, settings: dict, secret: str) -> list[list[Service]]:
                               # its GenAI job runner is 7 more processes (huey), for jobs these runs never send
                               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get(
                                   "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")})
+    named = [f"{socket.gethostname()}-worker-{i}" for i in range(1, settings["workers"] + 1)]  # as the pool lists it
     workers = [Service(
         f"worker-{i}", [*py, "prefect", "worker", "start", "--pool", settings["pool"], "--type", "process",
-                        "--name", f"{root.name}-worker-{i}"],
-        f"pool {settings['pool']!r}", lambda i=i: _worker_online(api, settings["pool"], f"{root.name}-worker-{i}"),
+                        "--name", name],
+        f"pool {settings['pool']!r}", lambda name=name: _worker_online(api, settings["pool"], name),
         cwd=os.getcwd(), env={**prefect_home, "PREFECT_API_URL": api,
                               "MLFLOW_TRACKING_URI": f"http://{_client_host(host)}:{mp}"})
-        for i in range(1, settings["workers"] + 1)]
+        for i, name in enumerate(named, 1)]
     return [[pg.service()], [prefect, mlflow], workers]
 
 
@@ -218,10 +219,18 @@ def _worker_online(api: str, pool: str, name: str) -> bool:
 # --- the commands ------------------------------------------------------------------------------------------------
 
 
-def settings_of(root: Path, given: dict) -> dict:
-    """The options given, else those the stack was last set up with (`stack.json`), else the defaults."""
+def settings_of(root: Path, given: dict, state: State) -> dict:
+    """The options given, else those the stack was last set up with (`stack.json`), else the defaults. Refused: a
+    change of address, port or pool while a service started with the old ones runs."""
     saved = json.loads((root / "stack.json").read_text()) if (root / "stack.json").exists() else {}
-    return {k: given.get(k) if given.get(k) is not None else saved.get(k, d) for k, d in DEFAULTS.items()}
+    settings = {k: given.get(k) if given.get(k) is not None else saved.get(k, d) for k, d in DEFAULTS.items()}
+    running = [name for name in state.records if state.running(name)]
+    for key in (k for k in DEFAULTS if k != "workers" and k in saved and settings[k] != saved[k]):
+        if running:
+            name = running[0]
+            raise StackError(f"{name}: the stack in {root} runs with --{key.replace('_', '-')} {saved[key]}; `igrpo "
+                             f"stack down --dir {root}` first to change it (its log: {state.records[name]['log']})")
+    return settings
 
 
 def urls(settings: dict) -> tuple[str, str]:
@@ -239,7 +248,8 @@ def exports(settings: dict) -> list[str]:
 def up(root: Path, given: dict, timeout: float = 120.0) -> dict:
     """Start what is not running, wait for every service to answer; print the exports. Returns the settings."""
     root = root.resolve()
-    settings = settings_of(root, given)
+    state = State(root / "pids.json")
+    settings = settings_of(root, given, state)
     if not ipaddress.ip_address(settings["host"]).is_loopback:
         say("warning", f"--host {settings['host']}: Prefect's and MLflow's servers have no authentication of their "
                        "own; anyone who reaches these ports can read and change every flow and run (keep them "
@@ -249,7 +259,7 @@ def up(root: Path, given: dict, timeout: float = 120.0) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     secret = password(root / "postgres.password", create=not (root / "postgres" / "PG_VERSION").exists())
     write_json_atomic(root / "stack.json", settings)
-    bring_up(services(root, settings, secret), State(root / "pids.json"), root / "logs", timeout, say)
+    bring_up(services(root, settings, secret), state, root / "logs", timeout, say)
     prefect, mlflow = urls(settings)
     say("ready", f"Prefect UI {prefect}, MLflow UI {mlflow}; `igrpo stack down --dir {root}` stops it, keeping "
                  "the data")
@@ -279,7 +289,7 @@ def down(root: Path) -> None:
             stop(record)
             say(name, f"stopped (pid {record['pid']})")
         else:
-            say(name, f"was not running (pid {record['pid']} is not the process `up` started: left alone)")
+            say(name, f"was not running (pid {record['pid']} is gone, or another program's: left alone)")
         state.put(name, None)
     say("down", f"the data stays in {root}")
 
@@ -316,8 +326,8 @@ def add_parser(sub) -> None:
         a = actions.add_parser(name, help=help_, description=help_)
         a.add_argument("--dir", type=Path, default=Path("stack"), help="where data, logs and pids live (./stack)")
         if name == "up":
-            a.add_argument("--host", type=_address, help="the address Prefect and MLflow listen on (127.0.0.1; e.g. 0.0.0.0 for "
-                                          "a team: they have no authentication of their own)")
+            a.add_argument("--host", type=_address, help="the address Prefect and MLflow listen on (127.0.0.1; "
+                                                         "0.0.0.0 for a team: they have no authentication of their own)")
             for service, port in [("postgres", 5432), ("prefect", 4200), ("mlflow", 5000)]:
                 a.add_argument(f"--{service}-port", type=_port, help=f"{service}'s port ({port})")
             a.add_argument("--workers", type=_count, help="Prefect workers on the work pool (1)")

