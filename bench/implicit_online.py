@@ -12,10 +12,11 @@ import tempfile
 from pathlib import Path
 
 from bench._common import StepTimes, mini_config, mini_policy, table
-from models import load_policy, save_model
+from models import load_policy
 from pipeline.loading import config_from_dict
 from pipeline.policy import run_policy_phase
 from pipeline.problems import problem_set_from_config
+from pipeline.rm_kinds.loading import save_reward_model
 
 
 def main() -> None:
@@ -25,8 +26,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         policy = mini_policy(tmp)
         model, tok = load_policy(str(policy))  # the implicit PRM as it starts: a copy of its reference
-        prm = save_model(model, tok, Path(tmp) / "implicit", kind="implicit",
-                         meta={"reference": str(policy.resolve()), "beta": 0.05})
+        prm = save_reward_model(model, tok, Path(tmp) / "implicit", "implicit",
+                                meta={"reference": str(policy.resolve()), "beta": 0.05})
         rows = []
         for lr in (None, 1e-6):
             cfg = config_from_dict(mini_config(Path(tmp)), [

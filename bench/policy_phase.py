@@ -26,7 +26,7 @@ import torch
 from trl import GRPOTrainer
 
 from bench._common import CACHE, StepTimes, bootstrapped_policy, quickstart
-from models import reward_model_from_policy, save_model
+from models import save_model
 from models.factories import load_tokenizer
 from pipeline.loading import load_config
 from pipeline.passthrough import grpo_config
@@ -34,6 +34,7 @@ from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, policy_peft_
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.rewards import verifier_reward
+from pipeline.rm_kinds.loading import reward_model_from_policy
 from pipeline.scorers import PrmScorer
 
 
@@ -76,7 +77,7 @@ def main() -> None:
             funcs, _ = build_reward_funcs(cfg.model_copy(update={"supervision": cfg.supervision.model_copy(update={"mode": mode})}), ps, {})
             prm = None
             if mode == "process":
-                from models import load_reward_model
+                from pipeline.rm_kinds.loading import load_reward_model
 
                 m, t, _ = load_reward_model(prm_path, expect="prm")
                 m = m.to(args.device)  # beside the policy (a GPU when there is one)

@@ -44,7 +44,8 @@ from pipeline.passthrough import grpo_config
 from pipeline.policy import completion_steps, scored_steps
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
-from pipeline.reward_model import load_scorer, within_position_auc
+from pipeline.reward_model import load_scorer
+from pipeline.rm_metrics import within_position_auc
 from pipeline.rundir import RunDir
 from pipeline.scorers import GoldStepScorer
 

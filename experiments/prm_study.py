@@ -87,7 +87,7 @@ def training_rows(variant: str, rows: list[dict], seed: int) -> list[dict]:
 def step_auc_gold(scorer, problem_set, prompts: list[str], completions: list[str], problems: list) -> dict:
     """Step AUC of the PRM against gold labels (over all steps, and within each step position), and the solution
     AUC (min over steps) against the verifier."""
-    from pipeline.reward_model import auc, step_label_pairs, within_position_auc
+    from pipeline.rm_metrics import auc, step_label_pairs, within_position_auc
 
     steps = scorer.step_scores(prompts, completions)
     gold = [problem_set.gold_step_labels(t, p) for t, p in zip(completions, problems)]

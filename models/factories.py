@@ -32,6 +32,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from models.atomic import atomic_path
+
 LOCAL_OR_HUB = "a local path starts with ./, / or ~, ends in .gguf, or exists; anything else is a hub id"
 log = logging.getLogger(__name__)
 
@@ -322,53 +324,34 @@ def load_policy(spec: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrain
     return model, tokenizer
 
 
-def rm_head(kind: str, layout=None):
-    """The transformers auto class of a reward-model kind's model (`pipeline.rm_kinds.RM_KINDS`, the kinds' table),
-    or of a PRM's head layout (`pipeline.rm_kinds.PRM_HEADS`) where one is given."""
+def model_from_policy(spec: str, model_class: str, num_labels: int | None = 1,
+                      ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A model of `model_class` (a transformers auto class, by name) on a policy's backbone: the backbone's weights
+    from the policy, the head new (`num_labels` logits; None: the class's own head as the checkpoint has it, a causal
+    LM's LM head). What a reward model of each kind is built from in round 0 (`pipeline.rm_kinds.loading`).
+    """
     import transformers
 
-    from pipeline.rm_kinds import RM_KINDS, prm_head
-
-    entry = RM_KINDS[kind]  # an unknown kind: the registry's error, listing the known ones
-    return getattr(transformers, prm_head(layout.head).model_class if layout else entry.head)
-
-
-def _head_kwargs(layout) -> dict:
-    """`from_pretrained`'s head arguments: one logit, or the layout's classes; none for a causal LM's own LM head."""
-    if layout is None:
-        return {"num_labels": 1}
-    from pipeline.rm_kinds import prm_head
-
-    labels = prm_head(layout.head).num_labels
-    return {"num_labels": labels} if labels else {}
-
-
-def reward_model_from_policy(spec: str, kind: str, layout=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A reward model of `kind` (its head: an ORM's sequence classification, a PRM's token classification) with
-    one logit on a policy's backbone; a PRM `layout` (`pipeline.rm_kinds.PrmLayout`) other than the value head: its
-    model instead, the policy's causal LM itself (label tokens, its LM head reused) or a 2-class head, with the
-    layout's step tag added to the tokenizer (and the embeddings) where the tokenizer lacks it.
-
-    The backbone weights come from the policy; the head is new (round 0 of the loop).
-    """
-    head = rm_head(kind, layout)
+    head = getattr(transformers, model_class)
     tokenizer = load_tokenizer(spec)
+    labels = {"num_labels": num_labels} if num_labels else {}
     with _no_load_report():  # it reports the new head's weights as missing, which is the point here
         model, info = _loaded(spec, "model", lambda path, gguf: head.from_pretrained(
-            path, gguf_file=gguf, dtype=torch.float32, output_loading_info=True, **_head_kwargs(layout)))
+            path, gguf_file=gguf, dtype=torch.float32, output_loading_info=True, **labels))
     backbone = sorted(k for k in info["missing_keys"] if k.startswith(f"{model.base_model_prefix}."))
     if backbone:  # what the report was for: backbone weights left at their random init
-        log.warning("%s from %r: %d backbone weights not in the checkpoint, left random: %s", kind.upper(), spec,
+        log.warning("%s from %r: %d backbone weights not in the checkpoint, left random: %s", model_class, spec,
                     len(backbone), ", ".join(backbone[:5]))
     model = _dequantized(model)
-    from pipeline.rm_kinds.heads import tag_kept_apart
-
-    tag = layout.step_tag if layout else None
-    if tag and (tag not in tokenizer.get_vocab() or not tag_kept_apart(tokenizer, tag)):
-        tokenizer.add_tokens([tag], special_tokens=True)  # an added token: kept apart from the text around it
-        model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id  # sequence classification reads the last non-pad token
     return model, tokenizer
+
+
+def add_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokens: list[str]) -> None:
+    """Add `tokens` to the tokenizer as added tokens (kept apart from the text around them) and grow the model's
+    embeddings to match (the new rows initialised by transformers)."""
+    tokenizer.add_tokens(tokens, special_tokens=True)
+    model.resize_token_embeddings(len(tokenizer))
 
 
 @contextlib.contextmanager
@@ -389,73 +372,27 @@ def _no_load_report():
         logger.removeFilter(drop)
 
 
-def _marker(path: str | os.PathLike) -> dict:
-    """What a checkpoint's `igrpo.json` records (kind, a PRM's layout), or {} where it has none or it does not read."""
+RECORD = "igrpo.json"  # beside a checkpoint's weights: `save_model` writes it last, `checkpoint_record` reads it
+
+
+def checkpoint_record(path: str | os.PathLike) -> dict:
+    """What a checkpoint's `igrpo.json` records (`save_model`'s `record`), or {} where it has none or it does not
+    read."""
     with contextlib.suppress(OSError, ValueError):
-        data = json.loads((Path(path) / "igrpo.json").read_text())
+        data = json.loads((Path(path) / RECORD).read_text())
         return data if isinstance(data, dict) else {}
     return {}
 
 
-def reward_model_layout(path: str | os.PathLike):
-    """The PRM layout (`pipeline.rm_kinds.PrmLayout`) a checkpoint records; the value head for a PRM saved here before
-    layouts were recorded (its kind recorded, no layout); None for an ORM or a checkpoint saved elsewhere (a published
-    PRM: its layout is the config's `reward_model.head`)."""
-    from pipeline.rm_kinds import RM_KINDS, PrmLayout
+def load_checkpoint(path: str | os.PathLike, model_class: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A saved checkpoint (a local path or a hub id) as `model_class` (a transformers auto class, by name), in
+    float32, and its tokenizer with a pad token and left padding."""
+    import transformers
 
-    marker = _marker(path)
-    if isinstance(marker.get("layout"), dict):
-        return PrmLayout.from_json(marker["layout"])
-    kind = RM_KINDS.get(marker.get("kind"))
-    return PrmLayout() if kind is not None and kind.layouts else None
-
-
-def reward_model_kind(path: str | os.PathLike) -> str:
-    """The kind ('prm', 'orm', ...) of a saved reward model: the one its `igrpo.json` records, else the first kind
-    of the table whose head its config's architecture is (checkpoints written before the kind was recorded)."""
-    from pipeline.rm_kinds import RM_KINDS
-
-    recorded = _marker(path).get("kind")
-    if recorded in RM_KINDS:
-        return recorded
-    config = AutoConfig.from_pretrained(str(path))
-    for kind, entry in RM_KINDS.items():
-        if entry.head == "AutoModelForCausalLM":
-            continue  # a causal LM is a policy unless its igrpo.json names its kind (the implicit PRM's always does)
-        suffix = entry.head.removeprefix("AutoModel")  # LlamaForTokenClassification ends in ForTokenClassification
-        if any(arch.endswith(suffix) for arch in config.architectures or []):
-            return kind
-    expected = " or ".join(kind_name(kind) for kind in RM_KINDS)
-    raise ValueError(f"{path}: not a reward model (architectures {config.architectures}); expected {expected}")
-
-
-def kind_name(kind: str) -> str:
-    """The kind said as letters, with its article, for messages.
-
-    >>> kind_name("prm"), kind_name("orm")
-    ('a PRM', 'an ORM')
-    """
-    return f"{'an' if kind[0].upper() in 'AEFHILMNORSX' else 'a'} {kind.upper()}"
-
-
-def load_reward_model(
-    path: str | os.PathLike, expect: str | None = None, layout=None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
-    """Load a saved ORM/PRM; `expect` ('orm' or 'prm') refuses the other kind with a clear error.
-
-    A PRM loads in the layout its checkpoint records; `layout` is the one to take where it records none (a
-    published PRM, `reward_model.init`: then it is `expect`'s kind, whatever its architecture). A local path or a
-    hub id.
-    """
     resolved, _ = resolve_spec(str(path))
-    recorded = _marker(resolved).get("kind")
-    kind = expect if layout is not None and recorded is None else reward_model_kind(resolved)
-    if expect is not None and kind != expect:
-        raise ValueError(f"{path}: is {kind_name(kind)} but {kind_name(expect)} is needed here")
-    layout = reward_model_layout(resolved) or layout
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(resolved), str(path))
-    model = rm_head(kind, layout).from_pretrained(resolved, dtype=torch.float32)
-    return model, tokenizer, kind
+    model = getattr(transformers, model_class).from_pretrained(resolved, dtype=torch.float32)
+    return model, tokenizer
 
 
 def lora_config(r: int, alpha: int, dropout: float, target_modules, task_type: str, modules_to_save=None):
@@ -496,12 +433,11 @@ def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, targe
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike,
-               kind: str | None = None, layout=None, meta: dict | None = None) -> Path:
+               record: dict | None = None) -> Path:
     """Save a checkpoint atomically: written to a temp directory beside `path`, then renamed.
 
-    `kind`: a reward model's kind, recorded in its `igrpo.json` (`reward_model_kind` reads it back); `layout`: a
-    PRM's head layout (`pipeline.rm_kinds.PrmLayout`), recorded there too (`reward_model_layout`); `meta`: more
-    entries for it (the implicit PRM's reference model, `RewardModelKind.prepare`).
+    `record`: entries for its `igrpo.json` (`checkpoint_record` reads them back) beside `complete`: a reward
+    model's kind and layout (`pipeline.rm_kinds.loading.save_reward_model`).
 
     A LoRA model is merged first, so every checkpoint loads with plain `from_pretrained` (safetensors).
     Under several processes (`accelerate launch`) every process calls this: DeepSpeed ZeRO-3's sharded
@@ -510,10 +446,10 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return _write_checkpoint(model, tokenizer, Path(path), kind, layout, meta)
+        return _write_checkpoint(model, tokenizer, Path(path), record)
     with _whole_weights(model):
         if dist.get_rank() == 0:
-            _write_checkpoint(model, tokenizer, Path(path), kind, layout, meta)
+            _write_checkpoint(model, tokenizer, Path(path), record)
     dist.barrier()
     return Path(path)
 
@@ -532,15 +468,11 @@ def _whole_weights(model: PreTrainedModel):
 
 
 def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
-                      kind: str | None = None, layout=None, meta: dict | None = None) -> Path:
-    from pipeline.rundir import atomic_path
-
+                      record: dict | None = None) -> Path:
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     with atomic_path(path, directory=True) as tmp:  # the old checkpoint stays whole until the new one is in
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        record = {"complete": True, **({"kind": kind} if kind else {}),
-                  **({"layout": layout.to_json()} if layout else {}), **(meta or {})}
-        (tmp / "igrpo.json").write_text(json.dumps(record))
+        (tmp / RECORD).write_text(json.dumps({"complete": True, **(record or {})}))
     return path

@@ -17,6 +17,7 @@ from pipeline.prompts import renderer_from_config
 from pipeline.replay import read_shard
 from pipeline.rewards import reward_models_needed
 from pipeline.rm_kinds import rm_entry
+from pipeline.rm_metrics import auc, step_label_pairs, within_position_auc
 from pipeline.rundir import write_json_atomic
 from pipeline.sample_tables import eval_samples, sample_table, scored_by
 from pipeline.scorers import Scores
@@ -144,8 +145,6 @@ def gold_step_aucs(problem_set, problems: list, texts: list[list[str]], scores: 
     samples are held-out problems and thousands of steps, labelled exactly where the problem set has gold labels.
     A sample whose gold labels do not line up with its step scores (a blank completion) is left out.
     """
-    from pipeline.reward_model import auc, step_label_pairs, within_position_auc
-
     steps = [s for sc in scores for s in sc.steps]
     gold = [problem_set.gold_step_labels(t, p) for p, ts in zip(problems, texts) for t in ts]
     pairs = step_label_pairs(steps, gold)
@@ -198,8 +197,6 @@ def monitor_figures(fresh_scores: list[float], fresh_outcomes: list[int], calibr
     >>> {k: round(v, 3) for k, v in f.items()}  # gap 0.575 - 0.5; AUC 3 of 4 pairs ranked right
     {'gap': 0.075, 'auc': 0.75, 'gap_rise': 0.275, 'auc_drop': 0.15, 'alarm': 1.0}
     """
-    from pipeline.reward_model import auc
-
     gap = hacking_gap(fresh_scores, fresh_outcomes) if fresh_scores else float("nan")
     out = {"gap": gap, "auc": auc(fresh_scores, fresh_outcomes)}
     if calibration is None:

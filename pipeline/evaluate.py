@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.rundir import atomic_path
+from models.atomic import atomic_path
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -24,7 +24,7 @@ from datasets import Dataset
 from trl import GRPOTrainer
 
 from models import save_model
-from models.factories import kind_name, load_tokenizer, lora_config
+from models.factories import load_tokenizer, lora_config
 from pipeline.advantages import (
     advantage_stats,
     centred_advantages,
@@ -43,6 +43,7 @@ from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.resume import fingerprint, train_resumable
 from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_models_needed
+from pipeline.rm_kinds.loading import kind_name
 from pipeline.rundir import scratch_dir
 from pipeline.scorers import GoldStepScorer, PrmScorer
 from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, step_token_ends, token_spans

@@ -115,9 +115,10 @@ def _init_layout(cfg: PipelineConfig, asked):
     is the config's, with a tokenizer that holds its tag and label tokens; else a ValueError naming the mismatch."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from models.factories import check_model_available, kind_name, reward_model_kind, reward_model_layout
+    from models.factories import check_model_available
     from pipeline.rm_kinds import rm_entry
     from pipeline.rm_kinds.heads import StepReader
+    from pipeline.rm_kinds.loading import kind_name, reward_model_kind, reward_model_layout
 
     rm, spec = cfg.reward_model, cfg.reward_model.init
     path, _ = check_model_available(spec, "reward_model.init")

@@ -70,11 +70,13 @@ class Registry(dict[str, T], Generic[T]):
 
 
 def resolve(ref: Any) -> Any:
-    """An object given as itself or as where it is, "module:attribute" (imported now: tables stay torch-free)."""
-    if not isinstance(ref, str):
-        return ref
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    """An object given as itself, as a function of no arguments that imports and returns it, or as where it is,
+    "module:attribute" (imported now: tables stay torch-free). The project's own entries give a function (a real
+    import, which the import graph sees); a string is for a plugin's module, outside the project's graph."""
+    if isinstance(ref, str):
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return ref() if callable(ref) else ref
 
 
 class PluginError(RuntimeError):

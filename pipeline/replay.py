@@ -22,7 +22,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.rundir import RunDir, atomic_path
+from models.atomic import atomic_path
+from pipeline.rundir import RunDir
 
 SHARD_SCHEMA = pa.schema(
     [

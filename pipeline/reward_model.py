@@ -6,8 +6,8 @@ ends, an ORM's its one outcome), or with TRL's RewardTrainer where its kind trai
 with its layout's cross-entropy. Round 0 starts from the policy's backbone with a new head (a PRM: or takes
 `reward_model.init` as it is), later rounds from the previous round's RM, in the layout its checkpoint records.
 What differs between the kinds (examples, scorer, metrics, head) is their table, `pipeline.rm_kinds.RM_KINDS`;
-`load_scorer` is how every phase scores with a checkpoint. Also here: the RM metrics (AUCs), the exploitable RM that
-tests the hacking monitor, and the calibration an RM keeps in its checkpoint.
+`load_scorer` is how every phase scores with a checkpoint. Also here: the exploitable RM that tests the hacking
+monitor, and the calibration an RM keeps in its checkpoint. The RM metrics (AUCs) are `pipeline.rm_metrics`.
 """
 
 from __future__ import annotations
@@ -23,68 +23,24 @@ import torch
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
-from models import load_reward_model, reward_model_from_policy, save_model
-from models.factories import apply_lora, reward_model_layout
+from models.factories import apply_lora
 from pipeline.config import PipelineConfig, RewardModelConfig
 from pipeline.passthrough import checkpointing_defaults, device_defaults, rm_resumable
 from pipeline.problems import step_separator
 from pipeline.replay import ReplayBuffer
 from pipeline.resume import fingerprint, train_resumable
 from pipeline.rm_kinds import PrmLayout, layout_of, prm_head, rm_entry, rm_kind
+from pipeline.rm_kinds.loading import (
+    init_layout,
+    load_reward_model,
+    reward_model_from_policy,
+    reward_model_layout,
+    save_reward_model,
+    with_layout,
+)
+from pipeline.rm_metrics import mean
 from pipeline.rundir import RunDir, calibration_path, read_json, scratch_dir, write_json_atomic
 from pipeline.scorers import SEPARATOR_KEY, Scores, aggregate
-
-
-def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
-    """ROC AUC by the rank-sum (Mann-Whitney) formula, ties counted half; NaN when one class is absent.
-
-    >>> auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
-    0.75
-    """
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
-        return float("nan")
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
-
-
-def within_position_auc(step_scores: Sequence[Sequence[float]], labels: Sequence[Sequence | None]) -> float:
-    """Step AUC over the (right, wrong) pairs of steps at the same position (step index) only: what a PRM tells
-    apart beyond "later steps are wrong more often". First-error labels make every step after a mistake wrong,
-    so a PRM that learned only where a step sits gets a fair step AUC and 0.5 here. Samples whose labels do not
-    line up with their scores are left out (as `step_label_pairs`); NaN where no position has both classes.
-
-    >>> within_position_auc([[0.8, 0.3], [0.8, 0.3], [0.8, 0.3]], [[1, 0], [1, 1], [0, 0]])  # position only
-    0.5
-    """
-    by_position: dict[int, list[tuple]] = {}
-    for sc, ls in zip(step_scores, labels):
-        if ls and len(ls) == len(sc):
-            for j, pair in enumerate(zip(sc, ls)):
-                by_position.setdefault(j, []).append(pair)
-    wins = pairs = 0.0
-    for found in by_position.values():
-        n_pos = sum(1 for _, y in found if y)
-        n = n_pos * (len(found) - n_pos)
-        if n:  # Mann-Whitney within the position, pooled by its pair count
-            wins, pairs = wins + auc(*zip(*found)) * n, pairs + n
-    return wins / pairs if pairs else float("nan")
-
-
-def step_label_pairs(step_scores: Sequence[Sequence[float]], labels: Sequence[Sequence | None]) -> list[tuple]:
-    """(score, label) of every step whose sample has labels lined up with its scores (one per step); the others
-    (no labels, a count that differs, e.g. a blank completion) are left out.
-
-    >>> step_label_pairs([[0.9, 0.2], [0.5], [0.7]], [[1, 0], None, [1, 1]])
-    [(0.9, 1), (0.2, 0)]
-    """
-    return [(s, y) for sc, ls in zip(step_scores, labels) if ls and len(ls) == len(sc) for s, y in zip(sc, ls)]
-
-
-def accuracy(scores: Sequence[float], labels: Sequence[float], threshold: float = 0.5) -> float:
-    pairs = list(zip(scores, labels))
-    return sum((s >= threshold) == (y >= threshold) for s, y in pairs) / len(pairs) if pairs else float("nan")
 
 
 def split_holdout(rows: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
@@ -144,7 +100,7 @@ def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: 
     """The scorer of the `kind` checkpoint at `path`: `scorer(prompts, completions)` gives one score per solution.
 
     A PRM's solution score aggregates its step scores by `rm.aggregation`. A checkpoint of another kind
-    is refused (`models.load_reward_model`'s `expect`), before any scoring. With `rm.exploit` the scorer is
+    is refused (`pipeline.rm_kinds.loading.load_reward_model`'s `expect`), before any scoring. With `rm.exploit` the scorer is
     the exploitable one (`ExploitedScorer`), so every phase that scores sees the same RM.
     """
     spec = rm_kind(kind)
@@ -153,23 +109,6 @@ def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: 
     layout = (reward_model_layout(path) or PrmLayout()) if rm_entry(kind).layouts else None
     scorer = spec.scorer(model, tokenizer, batch_size, with_layout(rm, layout))
     return ExploitedScorer(scorer, **rm.exploit.model_dump()) if rm.exploit else scorer
-
-
-def with_layout(rm: RewardModelConfig, layout: PrmLayout | None) -> RewardModelConfig:
-    """`rm` with a checkpoint's PRM layout in place of the config's: what its kind's examples, scorer and loss read."""
-    if layout is None:
-        return rm
-    tokens = list(layout.label_tokens) if layout.label_tokens else None
-    return rm.model_copy(update={"head": layout.head, "step_tag": layout.step_tag, "label_tokens": tokens})
-
-
-def init_layout(rm: RewardModelConfig, kind: str, path: str | Path) -> PrmLayout | None:
-    """The layout of an RM of `kind` loaded from `path`: the one its checkpoint records, else the config's (a
-    published PRM, `reward_model.init`); None for a kind without layouts (`RMKindEntry.layouts`)."""
-    if not rm_entry(kind).layouts:
-        return None
-    local = Path(str(path)).expanduser()
-    return (reward_model_layout(local) if local.is_dir() else None) or layout_of(rm)
 
 
 def exploited(scores: Sequence[float], hit: bool, bonus: float, clip: bool = True) -> list[float]:
@@ -328,7 +267,7 @@ def train_reward_model(
             trainer.loss_is_scaled_for_ga = False
     train_resumable(trainer, fingerprint(cfg, f"reward_model/{kind}", round_index, init=str(init), warm=warm,
                                          out=str(out_dir), rows=hash_rows(rows)))
-    return save_model(trainer.model, tokenizer, out_dir, kind=kind, layout=layout, meta=meta)
+    return save_reward_model(trainer.model, tokenizer, out_dir, kind, layout, meta)
 
 
 def adopt_reward_model(rm: RewardModelConfig, kind: str, init: str, out_dir: str | Path) -> Path:
@@ -336,7 +275,7 @@ def adopt_reward_model(rm: RewardModelConfig, kind: str, init: str, out_dir: str
     directory with its kind and layout recorded, so that every later load reads them from the checkpoint."""
     layout = init_layout(rm, kind, init)
     model, tokenizer, _ = load_reward_model(init, expect=kind, layout=layout)
-    return save_model(model, tokenizer, out_dir, kind=kind, layout=layout)
+    return save_reward_model(model, tokenizer, out_dir, kind, layout)
 
 
 def hash_rows(rows: list[dict]) -> str:
@@ -358,10 +297,6 @@ def evaluate_reward_model(
     """RM quality on held-out rows (its kind's `metrics`): ORM AUC/accuracy on outcomes; PRM step AUC/accuracy
     vs MC (HE) and gold labels, and solution AUC (steps aggregated by `rm.aggregation`, default min)."""
     return rm_kind(kind).metrics(load_scorer(kind, path, rm or RewardModelConfig()), rows)
-
-
-def mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def backbone(cfg: PipelineConfig, policy_path: str | Path) -> str:

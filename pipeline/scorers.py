@@ -22,7 +22,7 @@ import torch
 
 from pipeline.problems.base import Problem, ProblemSet
 from pipeline.rewards import RewardError
-from pipeline.rm_kinds import PrmLayout
+from pipeline.rm_kinds.base import PrmLayout
 from pipeline.rm_kinds.heads import StepReader
 from pipeline.steps import STEP_SEPARATOR, scored_step_ends
 

@@ -55,7 +55,8 @@ def tiny_policy_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_dirs(tiny_policy_dir):
     """The folder of the tiny policy, with an ORM and a PRM on its backbone saved beside it (`orm/`, `prm/`)."""
-    from models import reward_model_from_policy, save_model
+    from models import save_model
+    from pipeline.rm_kinds.loading import reward_model_from_policy
 
     root = tiny_policy_dir.parent
     for kind in ("orm", "prm"):
@@ -71,7 +72,8 @@ def mini_models(tmp_path_factory) -> Path:
     test_rm_scaling.py: read them; what a test writes beside them goes under a name of its own."""
     import torch
 
-    from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
+    from models import char_tokenizer, save_model, tiny_policy
+    from pipeline.rm_kinds.loading import reward_model_from_policy
 
     where, tok = tmp_path_factory.mktemp("mini-models"), char_tokenizer()
     policy = save_model(tiny_policy(tok, **SIZES["mini"], seed=0), tok, where / "policy")

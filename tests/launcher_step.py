@@ -35,11 +35,12 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from models.factories import load_reward_model, load_tokenizer
+from models.factories import load_tokenizer
 from pipeline.config import PipelineConfig
 from pipeline.passthrough import grpo_config
 from pipeline.policy import ProcessGRPOTrainer
 from pipeline.reward_model import train_reward_model
+from pipeline.rm_kinds.loading import load_reward_model
 from pipeline.rundir import write_json_atomic
 from pipeline.scorers import PrmScorer
 

@@ -1,7 +1,8 @@
 """The shape of the house, over every folder of code but the tests (the packages, bench/, experiments/, any other
-script folder): no import cycle; no function over 80 lines of code; no script that imports the tests or edits
-`sys.path`; the config and its tables (supervision modes, RM kinds) import without torch; `pipeline/` never imports
-`flows/`; no test module imports another; docs/extending.md's module map matches the tree."""
+script folder): no import cycle, and no import by string that would hide one; `models/` the ground floor; no function
+over 80 lines of code; no script that imports the tests or edits `sys.path`; the config and its tables (supervision
+modes, RM kinds) import without torch; `pipeline/` never imports `flows/`; no test module imports another;
+docs/extending.md's module map matches the tree."""
 
 from __future__ import annotations
 
@@ -96,6 +97,34 @@ def test_the_cycle_finder_sees_a_lazy_import(tmp_path):
     # The graph counts imports inside functions: a circle closed by a lazy import is found.
     graph = {"pipeline.a": {"pipeline.b"}, "pipeline.b": {"pipeline.a"}, "pipeline.c": set()}
     assert cycles(graph) == [["pipeline.a", "pipeline.b"]]
+
+
+def test_models_is_the_ground_floor():
+    # models/ builds and loads from plain arguments: what needs an RM kind's table or a PRM layout is
+    # pipeline/rm_kinds/loading.py. Before: models/factories.py imported pipeline.rm_kinds and pipeline.rundir inside
+    # 6 functions, so models/ and pipeline/ depended on each other.
+    up = {f"{m} -> {d}" for m, deps in import_graph().items() if m.split(".")[0] == "models"
+          for d in deps if d.split(".")[0] != "models"}
+    assert up == set()
+
+
+# "module:attribute" naming one of the project's modules, for importlib: an import the graph cannot see
+_BY_STRING = re.compile(r"(pipeline|flows|models|bench|experiments)(\.\w+)+:\w+")
+PLUGIN_RESOLVER = "pipeline/registry.py"  # imports a plugin's "module:attribute": a module outside the project
+
+
+def test_no_import_by_string():
+    # Before: the RM kinds' table named "pipeline.rm_kinds.prm:PRM", whose module imported `auc` back from
+    # pipeline.reward_model, the module that read the table: a cycle at run time. The project's own lazy imports
+    # are real imports inside a function (pipeline/rm_kinds/__init__.py), which the graph above counts.
+    found = []
+    for p in source_files():
+        for node in ast.walk(ast.parse(p.read_text())):
+            called = isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+            if (called in ("import_module", "__import__") and str(p.relative_to(ROOT)) != PLUGIN_RESOLVER) or (
+                    isinstance(node, ast.Constant) and isinstance(node.value, str) and _BY_STRING.fullmatch(node.value)):
+                found.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
 
 
 def _code_lines(node: ast.FunctionDef) -> int:

@@ -104,7 +104,7 @@ def centred_hybrid(x: AdvantageInputs):
 
 
 def _soft_prm_metrics(scorer, rows):
-    from pipeline.reward_model import auc, mean
+    from pipeline.rm_metrics import auc, mean
 
     scores = scorer([r["prompt"] for r in rows], [r["completion"] for r in rows])
     return {"soft_prm/solution_auc": auc(scores, [r["outcome"] for r in rows]), "soft_prm/mean_score": mean(scores)}

@@ -28,11 +28,12 @@ def pair(tmp_path_factory):
     """Two different tiny random causal LMs over the char tokenizer, saved: pi_phi (seed 0) as an implicit PRM
     checkpoint whose igrpo.json names pi_ref (seed 1) and beta 0.5, and pi_ref as a policy."""
     from models import char_tokenizer, save_model, tiny_policy
+    from pipeline.rm_kinds.loading import save_reward_model
 
     tok, root = char_tokenizer(), tmp_path_factory.mktemp("implicit")
     ref = save_model(tiny_policy(tok, **SIZES["tiny"], seed=1), tok, root / "reference")
-    phi = save_model(tiny_policy(tok, **SIZES["tiny"], seed=0), tok, root / "implicit", kind="implicit",
-                     meta={"reference": str(ref), "beta": 0.5})
+    phi = save_reward_model(tiny_policy(tok, **SIZES["tiny"], seed=0), tok, root / "implicit", "implicit",
+                            meta={"reference": str(ref), "beta": 0.5})
     return phi, ref, tok
 
 
@@ -173,8 +174,9 @@ def _logged_losses():
 
 @pytest.mark.slow  # a training
 def test_one_training_through_the_rm_phase_lowers_the_loss_on_separable_data(tiny_policy_dir, tmp_path):
-    from models import load_reward_model
-    from pipeline.reward_model import auc, load_scorer, train_reward_model
+    from pipeline.reward_model import load_scorer, train_reward_model
+    from pipeline.rm_kinds.loading import load_reward_model
+    from pipeline.rm_metrics import auc
 
     cfg = _cfg(implicit={"beta": 0.5}, train_args={"learning_rate": 3e-3, "max_steps": 8, "per_device_train_batch_size": 8,
                                               "logging_steps": 1})
@@ -214,8 +216,8 @@ def test_gradient_accumulation_keeps_the_step_s_mean_loss(tiny_policy_dir, tmp_p
 def test_the_online_update_learns_from_a_batch_s_outcomes(tiny_policy_dir):
     # PRIME's online update, called by ProcessGRPOTrainer on every batch: one step at a time, the loss falls.
     from models import load_policy
-    from pipeline.reward_model import auc
     from pipeline.rm_kinds.implicit import ImplicitPrmScorer
+    from pipeline.rm_metrics import auc
 
     model, tok = load_policy(str(tiny_policy_dir))
     scorer = ImplicitPrmScorer(model, load_policy(str(tiny_policy_dir))[0], tok, beta=0.5, online_lr=3e-3)
@@ -252,7 +254,7 @@ def test_the_config_checks(tiny_dirs):
 
 
 def test_a_policy_checkpoint_is_not_taken_for_an_implicit_prm(tiny_dirs):
-    from models import load_reward_model
+    from pipeline.rm_kinds.loading import load_reward_model
 
     with pytest.raises(ValueError, match="not a reward model"):  # its igrpo.json names no kind
         load_reward_model(tiny_dirs / "policy", expect="implicit")

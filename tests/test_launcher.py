@@ -234,8 +234,8 @@ def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_
     `accelerate launch` rank, which load the plugins where they start."""
     import mlflow
 
-    from pipeline.rounds import run_phase
     from pipeline.replay import write_shard
+    from pipeline.rounds import run_phase
     from pipeline.rundir import Manifest, RunDir, read_json
 
     site = plugin_distribution(tmp_path / "site", "tiny-orm-plugin", TINY_ORM, "tiny_orm = tiny_orm_plugin")

@@ -11,16 +11,10 @@ from datasets import Dataset
 from gguf.quants import dequantize
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from models import (
-    char_tokenizer,
-    load_policy,
-    load_reward_model,
-    reward_model_from_policy,
-    save_model,
-    tiny_policy,
-)
+from models import char_tokenizer, load_policy, save_model, tiny_policy
 from models.factories import apply_lora, cached_conversion, load_tokenizer, resolve_spec
 from models.tokenizer import DEFAULT_ALPHABET
+from pipeline.rm_kinds.loading import load_reward_model, reward_model_from_policy
 from tests.helpers import SIZES
 
 TEXT = "7 +5 *3 -4\n7+5=12\n12*3=36\n36-4=32\nAnswer: 32"

@@ -216,7 +216,7 @@ def test_within_position_auc_sees_through_a_prm_that_learned_only_where_a_step_s
     """Seen with SmolLM2's PRM (configs/smollm2-arith.yaml): scores falling with the step's position whatever
     its correctness, a step AUC of ~0.65 against gold, from first-error labels that make late steps wrong more
     often. Within each position such a PRM orders nothing."""
-    from pipeline.reward_model import auc, step_label_pairs, within_position_auc
+    from pipeline.rm_metrics import auc, step_label_pairs, within_position_auc
 
     # Four 3-step solutions: right throughout, wrong from step 3, from step 2, from step 1.
     gold = [[1, 1, 1], [1, 1, 0], [1, 0, 0], [0, 0, 0]]

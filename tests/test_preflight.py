@@ -194,7 +194,7 @@ def test_orm_given_where_a_prm_is_needed(tmp_path, tiny_dirs):
 
 
 def test_policy_given_where_a_reward_model_is_needed(tiny_dirs):
-    from models import load_reward_model
+    from pipeline.rm_kinds.loading import load_reward_model
 
     with pytest.raises(ValueError, match=r"not a reward model .*LlamaForCausalLM.*expected a PRM or an ORM"):
         load_reward_model(tiny_dirs / "policy", expect="prm")

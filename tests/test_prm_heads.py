@@ -12,7 +12,6 @@ import re
 import pytest
 import torch
 
-from models import load_reward_model, reward_model_from_policy, save_model
 from pipeline.config import ConfigError
 from pipeline.loading import config_from_dict
 from pipeline.rm_kinds import PrmLayout
@@ -24,6 +23,7 @@ from pipeline.rm_kinds.heads import (
     soft_cross_entropy,
     value_probability,
 )
+from pipeline.rm_kinds.loading import load_reward_model, reward_model_from_policy, save_reward_model
 from pipeline.steps import tagged_steps
 from tests.helpers import make_row, mini_config
 
@@ -78,7 +78,7 @@ def prms(tiny_policy_dir, tmp_path_factory):
     for head, layout in LAYOUTS.items():
         torch.manual_seed(0)
         model, tok = reward_model_from_policy(str(tiny_policy_dir), "prm", layout)
-        save_model(model, tok, root / head, kind="prm", layout=layout)
+        save_reward_model(model, tok, root / head, "prm", layout)
         model.save_pretrained(root / "init" / head)
         tok.save_pretrained(root / "init" / head)
     return root
@@ -202,8 +202,8 @@ def weights(path, head: str | None = None) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("head", list(LAYOUTS))
 def test_one_training_step_of_each_layout_in_the_reward_model_phase(tmp_path, tiny_policy_dir, prms, head):
-    from models.factories import reward_model_layout
     from pipeline.reward_model import run_reward_model_phase
+    from pipeline.rm_kinds.loading import reward_model_layout
 
     cfg = phase_config(tmp_path, head=head)
     res = run_reward_model_phase(cfg, tmp_path, 0, tiny_policy_dir)
@@ -227,9 +227,9 @@ def load_scorer_of(path):
 
 @pytest.mark.parametrize("head", list(LAYOUTS))
 def test_a_checkpoint_of_each_layout_is_round_0s_prm_as_it_is(tmp_path, tiny_policy_dir, prms, head):
-    from models.factories import reward_model_layout
     from pipeline.preflight import CHECKS
     from pipeline.reward_model import run_reward_model_phase
+    from pipeline.rm_kinds.loading import reward_model_layout
 
     init = prms / "init" / head  # saved as a published PRM is: no igrpo.json, the layout is the config's
     cfg = phase_config(tmp_path, head=head, init=str(init))
@@ -244,8 +244,8 @@ def test_a_checkpoint_of_each_layout_is_round_0s_prm_as_it_is(tmp_path, tiny_pol
 
 
 def test_round_1_trains_the_init_prm_further_in_its_own_layout(tmp_path, tiny_policy_dir, prms):
-    from models.factories import reward_model_layout
     from pipeline.reward_model import run_reward_model_phase
+    from pipeline.rm_kinds.loading import reward_model_layout
 
     cfg = phase_config(tmp_path, head="label_tokens", init=str(prms / "init" / "label_tokens"))
     r0 = run_reward_model_phase(cfg, tmp_path, 0, tiny_policy_dir)
@@ -316,7 +316,7 @@ def test_an_init_prm_of_another_layout_fails_the_preflight(tmp_path, prms, init,
 
 
 def test_an_orm_as_init_fails_the_preflight(tmp_path, tiny_policy_dir):
-    save_model(*reward_model_from_policy(str(tiny_policy_dir), "orm"), tmp_path / "orm", kind="orm")
+    save_reward_model(*reward_model_from_policy(str(tiny_policy_dir), "orm"), tmp_path / "orm", "orm")
     cfg = config_from_dict(mini_config(tmp_path, reward_model={"init": str(tmp_path / "orm")}), check_trl=False)
     assert preflight_error(cfg) == f"reward_model.init: {tmp_path / 'orm'} is an ORM, not a PRM (a kind that scores steps)"
 

@@ -104,7 +104,7 @@ def reference_outcome(rewards: list[float], scale: str) -> list[float]:
 @pytest.fixture(scope="module", params=KINDS)
 def grpo_run(request, tmp_path_factory):
     """One real process-mode GRPO step on the designed completions, per tokenizer: what the loss saw, the logs."""
-    from models import load_reward_model
+    from pipeline.rm_kinds.loading import load_reward_model
 
     kind, tok = request.param, tokenizer_of(request.param)
     prm_dir = policy_and_prm(tok, tmp_path_factory.mktemp("prm"))
@@ -208,7 +208,7 @@ def test_rft_logs_the_advantages_it_used(tmp_path):
 def hybrid_runs(tmp_path_factory):
     """Real GRPO steps on the designed completions (char tokenizer): hybrid with min credit at w = 0.5 and
     batch scale, hybrid at w = 0, process mode with the per-position baseline, and outcome mode, one PRM."""
-    from models import load_reward_model
+    from pipeline.rm_kinds.loading import load_reward_model
 
     tok = tokenizer_of("char")
     root = policy_and_prm(tok, tmp_path_factory.mktemp("hybrid"))

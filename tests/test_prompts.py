@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, processors
 from transformers import PreTrainedTokenizerFast
 from trl.data_utils import maybe_apply_chat_template
 
-from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
+from models import char_tokenizer, save_model, tiny_policy
 from models.factories import load_tokenizer
 from models.tokenizer import DEFAULT_ALPHABET
 from pipeline.loading import config_from_dict
@@ -24,6 +24,7 @@ from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem
 from pipeline.problems.gsm8k import problem_from_row
 from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.rewards import checked, verifier_reward
+from pipeline.rm_kinds.loading import reward_model_from_policy
 from pipeline.scorers import PrmScorer
 from tests.helpers import mini_config
 from tests.tokenizer_cases import smollm2_tokenizer

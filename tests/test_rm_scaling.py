@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import load_reward_model
+from pipeline.rm_kinds.loading import load_reward_model
 from pipeline.rm_kinds.orm import orm_examples
 from pipeline.rm_kinds.prm import prm_examples
 from tests.launcher_step import ROWS, train_one_step

@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from models import load_reward_model, reward_model_from_policy, save_model
+from models import save_model
 from pipeline.problems import EmbeddedArithmetic
 from pipeline.rewards import RewardError, build_reward_func
+from pipeline.rm_kinds.loading import load_reward_model, reward_model_from_policy
 from pipeline.scorers import OrmScorer, PrmScorer, Scores, aggregate
 from pipeline.steps import split_steps, step_char_ends
 

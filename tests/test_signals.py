@@ -192,7 +192,7 @@ STOPS = [
     # collect: every sample labelled, the shard not yet written
     (1, "collect", signal.SIGKILL, False, ("pipeline.collect", "write_shard", "round-001/samples.parquet")),
     # reward_model: the PRM trained and saved, the ORM trained but not saved
-    (1, "reward_model", signal.SIGKILL, False, ("pipeline.reward_model", "save_model", "round-001/reward_model/orm")),
+    (1, "reward_model", signal.SIGKILL, False, ("pipeline.reward_model", "save_reward_model", "round-001/reward_model/orm")),
     # eval: not stopped here (~13 s a stop). A SIGKILL there, after eval.json and before its record, was this
     # chain's collect stop again: a phase's output partly written, its record and MLflow logging not; redone whole.
 ]

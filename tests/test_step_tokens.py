@@ -88,7 +88,7 @@ def test_grpo_step_ends_are_the_tokens_that_complete_each_step(tok):
 
 
 def test_prm_reads_each_step_where_it_was_trained(tok, prm_dir):
-    from models import load_reward_model
+    from pipeline.rm_kinds.loading import load_reward_model
 
     model, prm_tok, _ = load_reward_model(prm_dir / "prm", expect="prm")
     scorer = PrmScorer(model, prm_tok, batch_size=3)

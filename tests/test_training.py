@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from models import load_policy, load_reward_model, reward_model_from_policy, save_model
+from models import load_policy, save_model
 from pipeline.bootstrap import initial_policy, run_bootstrap
 from pipeline.evaluate import evaluate_policy
 from pipeline.loading import config_from_dict
@@ -20,6 +20,7 @@ from pipeline.problems import problem_set_from_config
 from pipeline.problems.arithmetic import answer_slip
 from pipeline.replay import ReplayBuffer, write_shard
 from pipeline.reward_model import evaluate_reward_model, read_calibration, run_reward_model_phase, train_reward_model
+from pipeline.rm_kinds.loading import load_reward_model, reward_model_from_policy
 from pipeline.rundir import RunDir
 from tests.helpers import SIZES, mini_config
 

@@ -14,8 +14,9 @@ import json
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from models import char_tokenizer, reward_model_from_policy, save_model, tiny_policy
+from models import char_tokenizer, save_model, tiny_policy
 from models.factories import load_tokenizer
+from pipeline.rm_kinds.loading import reward_model_from_policy
 from pipeline.steps import scored_step_ends
 
 PROMPT = "Q: Weng earns $12 an hour. “How much” in 50 minutes?\n"

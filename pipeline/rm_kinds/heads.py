@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.registry import resolve
-from pipeline.rm_kinds import PrmLayout, prm_head
+from pipeline.rm_kinds.base import PrmLayout, head_math
 from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, scored_step_ends, tagged_steps
 
 
@@ -60,10 +59,6 @@ class HeadMath:
 VALUE = HeadMath(value_probability, None)
 LABEL_TOKENS = HeadMath(label_token_probability, label_token_log_probs)
 CLASSIFICATION = HeadMath(classification_probability, classification_log_probs)
-
-
-def head_math(head: str) -> HeadMath:
-    return resolve(prm_head(head).math)
 
 
 def single_token(tokenizer, text: str, what: str) -> int:

@@ -21,14 +21,14 @@ computed once, when the examples are built (`with_reference`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from pipeline.rm_kinds import RewardModelKind
+from models.factories import checkpoint_record, load_policy
+from pipeline.rm_kinds.base import RewardModelKind
 from pipeline.rm_kinds.prm import prm_metrics
 from pipeline.scorers import StepScorer, _refuse_nonfinite, trained_separator
 from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, step_token_ends
@@ -140,7 +140,6 @@ def with_reference(examples: list[dict], start: str, warm: bool, rm, batch_size:
     training runs one model; and what the checkpoint records: the reference and beta."""
     from accelerate import PartialState
 
-    from models.factories import load_policy
 
     reference = reference_spec(start, warm)
     model, _ = load_policy(reference)
@@ -177,11 +176,8 @@ def implicit_collate(pad_id: int):
 
 def recorded(checkpoint: str | Path) -> dict:
     """What an implicit PRM checkpoint's `igrpo.json` records (its reference and beta); a ValueError without them."""
-    try:
-        data = json.loads((Path(checkpoint) / "igrpo.json").read_text())
-    except (OSError, ValueError):
-        data = {}
-    if not isinstance(data, dict) or "reference" not in data:
+    data = checkpoint_record(checkpoint)
+    if "reference" not in data:
         raise ValueError(f"{checkpoint}: an implicit PRM checkpoint records its reference model in igrpo.json, and "
                          "this one has none (not trained by the pipeline's reward-model phase?)")
     return data
@@ -264,7 +260,6 @@ class ImplicitPrmScorer(StepScorer):
 
 def checkpoint_scorer(model, tokenizer, batch_size: int, rm) -> ImplicitPrmScorer:
     """The scorer of a loaded implicit PRM checkpoint, with the reference and beta its igrpo.json records."""
-    from models.factories import load_policy
 
     meta = recorded(model.name_or_path)  # from_pretrained keeps the directory it loaded from
     reference, _ = load_policy(meta["reference"])

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from pipeline.reward_model import accuracy, auc, mean
-from pipeline.rm_kinds import RewardModelKind
+from pipeline.rm_kinds.base import RewardModelKind
+from pipeline.rm_metrics import accuracy, auc, mean
 from pipeline.scorers import OrmScorer
 
 

@@ -8,9 +8,9 @@ that reaches `examples`, `scorer` and `loss` carries the checkpoint's own layout
 
 from __future__ import annotations
 
-from pipeline.reward_model import accuracy, auc, mean, step_label_pairs
-from pipeline.rm_kinds import PrmLayout, RewardModelKind, layout_of
+from pipeline.rm_kinds.base import PrmLayout, RewardModelKind, layout_of
 from pipeline.rm_kinds.heads import StepReader
+from pipeline.rm_metrics import accuracy, auc, mean, step_label_pairs
 from pipeline.scorers import PrmScorer, aggregate
 from pipeline.steps import STEP_SEPARATOR, step_char_ends
 
