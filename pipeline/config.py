@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, create_model, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from pipeline.modes import check_supervision, supervision_mode

@@ -14,7 +14,6 @@ from pipeline.loading import resumed_config_diff
 from pipeline.problems import problem_set_from_config
 from pipeline.rundir import Manifest, RunDirError, read_json, refuse_if_locked
 
-
 # The setting that needs no extra, for each field that can ask for one.
 _WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}
 
