@@ -326,6 +326,19 @@ def test_a_run_directory_stored_with_the_flat_keys_resumes_quietly(caplog):
         refuse_changed_config(Manifest(), changed)
 
 
+@pytest.mark.parametrize("rm", [{"implicit": {"online_lr": 1e-6}}, {"implicit_online_lr": 1e-6},
+                                {"kinds": ["prm"], "orm": {"loss": "pairwise"}}])
+def test_a_kinds_section_set_for_a_kind_not_trained_is_refused(rm):
+    # Nothing reads reward_model.<kind> unless the kind is trained: before the sections, the online update set beside
+    # a PRM was refused by its cross-field check, and a kind's section must not be silently ignored either.
+    with pytest.raises(ConfigError, match=r"reward_model\.(implicit|orm) sets (online_lr|loss), but '(implicit|orm)' "
+                                          r"is not in reward_model\.kinds"):
+        config_from_dict({"reward_model": rm}, check_trl=False)
+    # A stored config spells every section out at its defaults: that is not a setting, and resumes.
+    stored = config_from_dict({"reward_model": {"kinds": ["prm"]}}, check_trl=False).model_dump(mode="json")
+    assert config_from_dict(stored, check_trl=False).reward_model.kinds == ["prm"]
+
+
 def test_hybrid_config_and_the_reward_models_it_loads():
     from typing import get_args
 

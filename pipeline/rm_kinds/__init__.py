@@ -156,10 +156,25 @@ def check_kinds(cfg: Any) -> None:
         raise ValueError(f"collect.rollouts_per_step: 0 collects no Monte-Carlo step labels, which "
                          f"{', '.join(needs_mc)} in reward_model.kinds trains on: set rollouts_per_step >= 1, "
                          f"or train only kinds that need none ({', '.join(others)})")
+    _check_unused_sections(cfg)
     for kind in kinds:
         if RM_KINDS[kind].check:
             RM_KINDS[kind].check(cfg)
     _check_oracle(cfg)
+
+
+def _check_unused_sections(cfg: Any) -> None:
+    """A kind's own section set while the kind is not trained would be ignored: one error naming the fields."""
+    for kind, entry in RM_KINDS.items():
+        section = getattr(cfg.reward_model, kind, None)
+        if entry.config is None or section is None or kind in cfg.reward_model.kinds:
+            continue
+        default = type(section)().model_dump()  # a stored config spells every field out: compare values
+        changed = [name for name, value in section.model_dump().items() if value != default[name]]
+        if changed:
+            raise ValueError(f"reward_model.{kind} sets {', '.join(changed)}, but {kind!r} is not in "
+                             f"reward_model.kinds ({', '.join(cfg.reward_model.kinds)}), so nothing would read it: "
+                             f"add {kind!r} to reward_model.kinds, or drop reward_model.{kind}")
 
 
 def _check_oracle(cfg: Any) -> None:
