@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.registry import Registry
+from pipeline.registry import Registry, deprecated
 
 # Every mode: TRL's `reward_weights` is set by the pipeline from `supervision.rewards`.
 _REWARD_WEIGHTS = "set by the pipeline from supervision.rewards; set that instead"
@@ -133,6 +133,8 @@ MODES: Registry[SupervisionMode] = Registry("supervision mode", SupervisionMode,
                   "multi_objective_aggregation": "not used in process or rft mode: it combines reward functions "
                   "into TRL's outcome advantages, which these modes replace; remove it"}),
 })
+# The registration of before the Registry type, until the next release.
+register_mode = deprecated(MODES, "register_mode", "pipeline.modes.MODES.register")
 
 
 def supervision_mode(name: str) -> SupervisionMode:

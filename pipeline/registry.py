@@ -14,8 +14,10 @@ calls it where it starts. Torch-free: the config's validation reads these tables
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
@@ -67,6 +69,21 @@ class Registry(dict[str, T], Generic[T]):
         for hook in self.on_register:
             hook()
         return self[name]
+
+
+def deprecated(table: Registry, old: str, new: str) -> Callable[..., None]:
+    """The registration function `old` of before the Registry type (`old(name, entry)`, or `old(entry)` where the
+    entry carries its name), kept for one release: it registers as `new(NAME, field=...)` does, with a warning."""
+
+    def register(*args: Any, after: str | None = None) -> None:
+        entry = args[-1]
+        name = args[0] if len(args) == 2 else getattr(entry, table.name_field)
+        warnings.warn(f"{old} is deprecated and will be removed in the next release: write {new}({name!r}, "
+                      "field=value, ...)", DeprecationWarning, stacklevel=2)
+        fields = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry) if f.name != table.name_field}
+        table.register(name, after=after, **fields)
+
+    return register
 
 
 def resolve(ref: Any) -> Any:

@@ -108,3 +108,25 @@ def test_each_process_entry_loads_the_plugins_first(path):
     calls = [n for statement in func.body for n in ast.walk(statement) if isinstance(n, ast.Call)]  # no decorator
     first = min(calls, key=lambda n: (n.lineno, n.col_offset))
     assert ast.unparse(first.func) == "load_plugins", f"{path}:{func.name} calls {ast.unparse(first)} first"
+
+
+def test_the_registration_functions_of_before_still_register_for_one_release(registries):
+    # A user's module written against the register_* functions keeps working, with a warning naming the new call.
+    import dataclasses
+
+    from pipeline import modes, phases, problems, rewards, rm_kinds
+
+    old = [(modes.register_mode, modes.MODES, "outcome"), (rewards.register_reward, rewards.REWARD_FUNCS, "verifier"),
+           (rm_kinds.register_rm_kind, rm_kinds.RM_KINDS, "orm")]
+    for register, table, model in old:
+        with pytest.warns(DeprecationWarning, match=r"is deprecated .* write .*\.register\('copy', field=value"):
+            register("copy", table[model])
+        assert table["copy"] == table[model]
+    ps = dataclasses.replace(problems.PROBLEM_SETS["arithmetic"], kind="copy")
+    with pytest.warns(DeprecationWarning, match=r"register_problem_set is deprecated"):
+        problems.register_problem_set(ps)
+    assert problems.PROBLEM_SETS["copy"] == ps
+    phase = dataclasses.replace(phases.PHASES["eval"], name="copy")
+    with pytest.warns(DeprecationWarning, match=r"register_phase is deprecated"):
+        phases.register_phase(phase, after="collect")
+    assert list(phases.PHASES)[2] == "copy"

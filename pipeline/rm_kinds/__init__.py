@@ -21,6 +21,7 @@ from typing import Any
 
 from pipeline.modes import step_reward_modes, supervision_mode
 from pipeline.problems import PROBLEM_SETS
+from pipeline.registry import deprecated
 from pipeline.rm_kinds.base import (
     PRM_HEADS,
     RM_KINDS,
@@ -42,8 +43,10 @@ from pipeline.rm_kinds.sections import ImplicitSection, OrmSection, check_implic
 __all__ = [
     "PRM_HEADS", "RM_KINDS", "PrmHead", "PrmLayout", "RMKindEntry", "RewardModelKind", "check_kinds", "check_layout",
     "head_math", "layout_kinds", "layout_of", "mc_label_kinds", "move_flat_keys", "prm_head", "rm_entry", "rm_kind",
-    "step_kinds",
+    "register_rm_kind", "step_kinds",
 ]
+# The registration of before the Registry type, until the next release.
+register_rm_kind = deprecated(RM_KINDS, "register_rm_kind", "pipeline.rm_kinds.RM_KINDS.register")
 
 
 # The built-in implementations, each imported on first use (they import torch; the tables must not). The imports
