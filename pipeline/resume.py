@@ -41,6 +41,31 @@ FINGERPRINT_NAME = "igrpo-fingerprint.json"
 _IGNORED = {"run": ("name", "runs_dir", "rounds"), "tracking": None, "eval": None, "orchestration": None}
 
 
+# Fields added to the config since scratch folders were first fingerprinted: hashed only where set away from their
+# default, so a phase stopped under an older release resumes its checkpoints after an upgrade (a new field at its
+# default computes what the older release did). A field added to the config joins this list; a test pins the hash.
+_ADDED = {"supervision": {"prime_process_coef": 5.0, "prime_outcome_coef": 5.0}}
+
+
+def _as_fingerprinted(data: dict) -> dict:
+    """The config's dump as fingerprints have always read it: the RM kinds' sections as their flat keys of before
+    (`reward_model.implicit.beta` as `implicit_beta`), the fields added since left out at their defaults."""
+    from pipeline.rm_kinds import RM_KINDS
+
+    rm = dict(data.get("reward_model") or {})
+    for kind, entry in RM_KINDS.items():
+        section = rm.get(kind)
+        if entry.moved and isinstance(section, dict):
+            rest = {k: v for k, v in section.items() if k not in entry.moved.values()}
+            rm.pop(kind)
+            rm.update({old: section.get(new) for old, new in entry.moved.items()}, **({kind: rest} if rest else {}))
+    data = {**data, "reward_model": rm}
+    for name, defaults in _ADDED.items():
+        kept = {k: v for k, v in (data.get(name) or {}).items() if k not in defaults or v != defaults[k]}
+        data[name] = kept
+    return data
+
+
 def fingerprint(cfg: PipelineConfig, phase: str, round_index: int, **inputs) -> str:
     """A hash of what a phase's work depends on: the config (less `_IGNORED`), the phase, the round, its inputs.
 
@@ -50,7 +75,7 @@ def fingerprint(cfg: PipelineConfig, phase: str, round_index: int, **inputs) -> 
     ...     PipelineConfig(), "policy", 2, policy="p")
     (True, False)
     """
-    data = cfg.model_dump(mode="json")
+    data = _as_fingerprinted(cfg.model_dump(mode="json"))
     for section, fields in _IGNORED.items():
         if fields is None:
             data.pop(section, None)

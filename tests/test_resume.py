@@ -321,3 +321,23 @@ def test_the_rms_checkpoint_once_an_epoch_unless_save_steps_is_given(tmp_path):
     cfg = config_from_dict({"reward_model": {"train_args": {"save_steps": 7}}}, check_trl=False)
     args = rm_training_config(cfg, str(tmp_path))
     assert str(args.save_strategy) in ("steps", "SaveStrategy.STEPS") and args.save_steps == 7
+
+
+def test_a_phase_stopped_under_the_release_before_resumes_its_checkpoints_after_the_upgrade():
+    # Pinned: the fingerprints 573db0d wrote into scratch folders (before the RM kinds' sections and PRIME's fields).
+    # A field added to the config changes them unless it joins pipeline.resume._ADDED: a stopped phase's checkpoints
+    # would be deleted as another config's.
+    from pipeline.config import PipelineConfig
+    from pipeline.loading import load_config
+
+    root = Path(__file__).resolve().parent.parent / "configs"
+    assert fingerprint(PipelineConfig(), "policy", 1, policy="p") == "536aa3c000cb1a1badf4"
+    assert fingerprint(load_config(root / "quickstart.yaml"), "policy", 1, policy="p") == "8f65449d6d58935b2ac6"
+    assert fingerprint(load_config(root / "smollm2-arith.yaml"), "reward_model", 2, policy="p") == "3ce622b2d97ee26f7d5f"
+    # What a kind's section or a new field holds still counts, where it is set.
+    base = fingerprint(PipelineConfig(), "policy", 1, policy="p")
+    assert fingerprint(PipelineConfig(reward_model={"orm": {"loss": "pairwise"}}), "policy", 1, policy="p") != base
+    from pipeline.resume import _as_fingerprinted
+
+    kept = _as_fingerprinted({"supervision": {"prime_outcome_coef": 1.0, "prime_process_coef": 5.0}})
+    assert kept["supervision"] == {"prime_outcome_coef": 1.0}
