@@ -11,6 +11,7 @@ are the two servers beside it. `pip install 'iterative-grpo[stack]'` installs wh
 from __future__ import annotations
 
 import argparse
+import http.client
 import ipaddress
 import json
 import os
@@ -85,7 +86,7 @@ def _answers(url: str, body: bytes | None = None) -> bytes | None:
         req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=2) as r:
             return r.read() if r.status == 200 else None
-    except OSError:
+    except (OSError, http.client.HTTPException):  # a server still starting can answer half a status line
         return None
 
 
