@@ -44,12 +44,13 @@ _IGNORED = {"run": ("name", "runs_dir", "rounds"), "tracking": None, "eval": Non
 # Fields added to the config since scratch folders were first fingerprinted: hashed only where set away from their
 # default, so a phase stopped under an older release resumes its checkpoints after an upgrade (a new field at its
 # default computes what the older release did). A field added to the config joins this list; a test pins the hash.
-_ADDED = {"supervision": {"prime_process_coef": 5.0, "prime_outcome_coef": 5.0}}
+_ADDED = {"supervision": ("prime_process_coef", "prime_outcome_coef")}
 
 
 def _as_fingerprinted(data: dict) -> dict:
     """The config's dump as fingerprints have always read it: the RM kinds' sections as their flat keys of before
     (`reward_model.implicit.beta` as `implicit_beta`), the fields added since left out at their defaults."""
+    from pipeline.config import PipelineConfig
     from pipeline.rm_kinds import RM_KINDS
 
     rm = dict(data.get("reward_model") or {})
@@ -60,9 +61,9 @@ def _as_fingerprinted(data: dict) -> dict:
             rm.pop(kind)
             rm.update({old: section.get(new) for old, new in entry.moved.items()}, **({kind: rest} if rest else {}))
     data = {**data, "reward_model": rm}
-    for name, defaults in _ADDED.items():
-        kept = {k: v for k, v in (data.get(name) or {}).items() if k not in defaults or v != defaults[k]}
-        data[name] = kept
+    for name, added in _ADDED.items():
+        fields = PipelineConfig.model_fields[name].annotation.model_fields  # the defaults, from the config itself
+        data[name] = {k: v for k, v in (data.get(name) or {}).items() if k not in added or v != fields[k].default}
     return data
 
 
