@@ -37,8 +37,9 @@ def _installed(module: str) -> bool:
 def check_extras(cfg: PipelineConfig) -> str:
     """A ConfigError naming every field whose engine is not installed, with the pip command and the setting that
     needs none; checked by every `igrpo` command before anything starts, not when the first GRPO phase does."""
+    needed = extras_needed(cfg)
     missing: dict[str, list[str]] = {}
-    for field, extra, module in extras_needed(cfg):
+    for field, extra, module in needed:
         if not _installed(module):
             missing.setdefault(extra, []).append(field)
     lines = []
@@ -48,7 +49,7 @@ def check_extras(cfg: PipelineConfig) -> str:
                      f"pip install 'iterative-grpo[{extra}]' (or set {instead})")
     if lines:
         raise ConfigError("\n".join(lines))
-    return ", ".join(sorted({extra for _, extra, _ in extras_needed(cfg)})) or "none needed"
+    return ", ".join(sorted({extra for _, extra, _ in needed})) or "none needed"
 
 
 def _problems(cfg: PipelineConfig) -> str:

@@ -72,12 +72,16 @@ class Registry(dict[str, T], Generic[T]):
 
 
 def deprecated(table: Registry, old: str, new: str) -> Callable[..., None]:
-    """The registration function `old` of before the Registry type (`old(name, entry)`, or `old(entry)` where the
-    entry carries its name), kept for one release: it registers as `new(NAME, field=...)` does, with a warning."""
+    """The registration function `old` of before the Registry type (`old(name, entry)`, or `old(entry, after=None)`
+    where the entry carries its name), kept for one release: it registers as `new(NAME, field=...)` does, with a
+    warning."""
 
     def register(*args: Any, after: str | None = None) -> None:
-        entry = args[-1]
-        name = args[0] if len(args) == 2 else getattr(entry, table.name_field)
+        if table.name_field:  # old(entry, after=None): the name is the entry's own
+            entry, after = args[0], (args[1] if len(args) > 1 else after)
+            name = getattr(entry, table.name_field)
+        else:
+            name, entry = args
         warnings.warn(f"{old} is deprecated and will be removed in the next release: write {new}({name!r}, "
                       "field=value, ...)", DeprecationWarning, stacklevel=2)
         fields = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry) if f.name != table.name_field}

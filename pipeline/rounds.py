@@ -213,7 +213,6 @@ def launched(argv: list[str] | None = None) -> None:
 
     Runs the phase's body as the pipeline's process would (`execute`); the main process writes its result.
     """
-    import contextlib
     import os
     import sys
     from pathlib import Path

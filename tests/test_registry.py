@@ -130,3 +130,6 @@ def test_the_registration_functions_of_before_still_register_for_one_release(reg
     with pytest.warns(DeprecationWarning, match=r"register_phase is deprecated"):
         phases.register_phase(phase, after="collect")
     assert list(phases.PHASES)[2] == "copy"
+    with pytest.warns(DeprecationWarning, match=r"register_phase is deprecated"):  # `after` given by position too
+        phases.register_phase(dataclasses.replace(phase, name="copy2"), "collect")
+    assert list(phases.PHASES)[2] == "copy2"
