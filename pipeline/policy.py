@@ -217,20 +217,21 @@ class ProcessGRPOTrainer(GRPOTrainer):
         from accelerate.utils import gather_object
 
         # One copy of the ids to the host (a row at a time was one device sync per completion on a GPU).
-        rows = [completion_steps(self.processing_class, r, n, self.step_separator) for r, n in zip(ids.tolist(), lengths)]
+        host_ids = ids.tolist()
+        rows = [completion_steps(self.processing_class, r, n, self.step_separator) for r, n in zip(host_ids, lengths)]
         prompts = prompt_texts(inputs, self.processing_class, self.chat_template_kwargs)
+        verifier = self._last_rewards[:, 0].float().cpu()  # (B_all,) the verifier is reward column 0
         if getattr(self.prm_scorer, "online_lr", None) and self.model.training:  # PRIME: update, then score
-            start = self.accelerator.process_index * len(inputs)  # this process's rows; the verifier is column 0
-            outcomes = self._last_rewards[start : start + len(inputs), 0].tolist()
+            start = self.accelerator.process_index * len(inputs)  # this process's rows
+            outcomes = verifier[start : start + len(inputs)].tolist()
             live = [(prompts[i], r.text, outcomes[i]) for i, r in enumerate(rows) if r.length]  # masked: out
             if live:
                 self.prm_scorer.update(*zip(*live))
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         width = max([ids.shape[1], *all_lengths])
         s, mode = self.supervision, "train" if self.model.training else "eval"
-        verifier = self._last_rewards[:, 0].float().cpu()  # (B_all,) the verifier is reward column 0
         if s.process_reward == "prime":
-            return self._prime_advantages(prompts, ids, lengths, verifier, all_lengths, group_size, width)
+            return self._prime_advantages(prompts, host_ids, lengths, verifier, all_lengths, group_size, width)
         steps = scored_steps(self.prm_scorer, prompts, rows)  # a masked completion is not even scored
         all_scores, all_ends = gather_object([s for s, _ in steps]), gather_object([e for _, e in steps])
         ends = extend_last_step(all_ends, all_lengths)  # the eos carries the last step's reward
@@ -248,14 +249,14 @@ class ProcessGRPOTrainer(GRPOTrainer):
             self._metrics[mode][key].append(value)
         return adv
 
-    def _prime_advantages(self, prompts, ids, lengths: list[int], verifier, all_lengths: list[int], group_size: int,
-                          width: int):
+    def _prime_advantages(self, prompts, ids: list[list[int]], lengths: list[int], verifier, all_lengths: list[int],
+                          group_size: int, width: int):
         """PRIME's (B_all, T') advantages (`prime_advantages`): the implicit PRM's token rewards of this process's
         completions, put on the policy's tokens and gathered, with the verifier's outcomes."""
         from accelerate.utils import gather_object
 
         live = [i for i, n in enumerate(lengths) if n]  # a masked completion is not scored: no rewards
-        decoded = {i: token_spans(self.processing_class, ids[i, : lengths[i]].tolist()) for i in live}
+        decoded = {i: token_spans(self.processing_class, ids[i][: lengths[i]]) for i in live}
         scored = self.prm_scorer.token_rewards([prompts[i] for i in live], [decoded[i][0] for i in live])
         placed = dict(zip(live, (placed_token_rewards(decoded[i][1], *r, lengths[i]) for i, r in zip(live, scored))))
         rows = gather_object([placed.get(i, []) for i in range(len(lengths))])
