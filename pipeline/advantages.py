@@ -34,6 +34,11 @@ CENTRINGS = ("none", "group", "output")
 """Which steps a step reward is normalised with: every step of its group, or the group's steps at its index."""
 
 
+def _in_loss(lengths: Sequence[int], width: int) -> Tensor:
+    """(B, width) bool: the tokens in the loss, `t < lengths[i]`."""
+    return torch.arange(width).unsqueeze(0) < torch.tensor([int(n) for n in lengths]).unsqueeze(1)
+
+
 def _check_group_size(batch_size: int, group_size: int) -> None:
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -453,7 +458,7 @@ def prime_advantages(token_rewards: Tensor, outcomes: Tensor, lengths: Sequence[
                          f"{len(lengths)} lengths do not describe the same batch")
     n, width = group_size, token_rewards.shape[1]
     count = torch.tensor([int(x) for x in lengths], dtype=torch.float64)  # (B,)
-    mask = torch.arange(width).unsqueeze(0) < count.unsqueeze(1)  # (B, T)
+    mask = _in_loss(lengths, width)  # (B, T)
     r = torch.where(mask, token_rewards.double(), 0.0)  # (B, T)
     m = r.sum(1) / count.clamp(min=1)  # (B,) each output's mean token reward
     others = m.view(-1, n).sum(1).repeat_interleave(n) / (n - 1)  # (B,)
@@ -541,9 +546,7 @@ def loss_tokens(advantages: Tensor, lengths: Sequence[int], width: int | None = 
         advantages = advantages.unsqueeze(1).expand(-1, max(width, 1))  # (B, T)
     if advantages.shape[0] != len(lengths):
         raise ValueError(f"advantages have {advantages.shape[0]} rows but lengths has {len(lengths)}")
-    positions = torch.arange(advantages.shape[1]).unsqueeze(0)  # (1, T)
-    mask = positions < torch.tensor([int(n) for n in lengths]).unsqueeze(1)  # (B, T)
-    return advantages.detach().cpu().double()[mask]  # (tokens,)
+    return advantages.detach().cpu().double()[_in_loss(lengths, advantages.shape[1])]  # (tokens,)
 
 
 def centred_advantages(advantages: Tensor, lengths: Sequence[int], group_size: int, over: str = "group") -> Tensor:
@@ -578,7 +581,7 @@ def centred_advantages(advantages: Tensor, lengths: Sequence[int], group_size: i
     if over == "none":
         return advantages
     adv = advantages.double()  # (B, T)
-    mask = (torch.arange(adv.shape[1]).unsqueeze(0) < torch.tensor([int(n) for n in lengths]).unsqueeze(1))  # (B, T)
+    mask = _in_loss(lengths, adv.shape[1])  # (B, T)
     size = 1 if over == "output" else group_size
     sums = (adv * mask).view(-1, size, adv.shape[1]).sum(dim=(1, 2))  # (B / size,)
     counts = mask.view(-1, size, adv.shape[1]).sum(dim=(1, 2)).clamp(min=1)  # (B / size,)
