@@ -4,6 +4,7 @@ once and cached on disk, the mini config (configs/mini.yaml) and its SFT policy.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -16,6 +17,11 @@ from pipeline.loading import config_from_dict, load_config
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("IGRPO_BENCH_CACHE", "/tmp/igrpo-bench"))
 MINI = ROOT / "configs" / "mini.yaml"
+
+
+def spread(ratios: list[float]) -> str:
+    """The median of a ratio's repeats and their range: '1.012 (0.998-1.031)'."""
+    return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -14,10 +14,9 @@ Run: python -m bench.collect [--prompts 64 --samples 8 --repeats 3]
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-from bench._common import bootstrapped_policy, quickstart
+from bench._common import bootstrapped_policy, quickstart, spread
 from models import load_policy
 from pipeline.collect import agreement, label_exhaustive, label_first_error, make_request
 from pipeline.generation import sample
@@ -44,15 +43,12 @@ def main() -> None:
     gold = [ps.gold_step_labels(t, p) for p, t, _ in items]
     reqs = [make_request(ps, p, tok, ids) for p, _, ids in items]
 
-    stats = {}
+    called = set()  # the completers called so far: each new one samples under the next seed
 
     def completer_for(n_calls_key):
         def completer(prefixes, n):
-            out = sample(model, tok, prefixes, n, seed=len(stats), **opts)
-            s = stats.setdefault(n_calls_key, {"seqs": 0, "tokens": 0, "seconds": 0.0})
-            s["seqs"] += len(prefixes) * n
-            s["tokens"] += out.total_tokens
-            s["seconds"] += out.seconds
+            out = sample(model, tok, prefixes, n, seed=len(called), **opts)
+            called.add(n_calls_key)
             return out.texts
         return completer
 
@@ -103,8 +99,7 @@ def throughput(ps, model, tok, reqs, a, opts) -> list:
             print(f"   {arm:<9} (repeat {r + 1})  {seqs / seconds:10.1f} {tokens / seconds:10.0f}", flush=True)
         assert tokens_of["labelling"] == tokens_of["raw"], "the arms generated different tokens: not like for like"
         ratios.append(figures["labelling"] / figures["raw"])
-    ratios_text = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
-    print(f"   ratio labelling/raw tokens/s = {ratios_text}  (goal >= 1.0; median (min-max) of {a.repeats} repeats)")
+    print(f"   ratio labelling/raw tokens/s = {spread(ratios)}  (goal >= 1.0; median (min-max) of {a.repeats} repeats)")
     return labels
 
 

@@ -25,7 +25,7 @@ import time
 import torch
 from trl import GRPOTrainer
 
-from bench._common import CACHE, StepTimes, bootstrapped_policy, quickstart
+from bench._common import CACHE, StepTimes, bootstrapped_policy, quickstart, spread
 from models import save_model
 from models.factories import load_tokenizer
 from pipeline.loading import load_config
@@ -124,11 +124,6 @@ def report(times: dict[str, list[float]], a, args, cfg) -> None:
     lo = cfg.policy.lora
     print(f"device: {args.device}, model: {cfg.policy.model}, completions up to {args.max_completion_length} tokens, "
           f"LoRA: {f'r={lo.r} on {lo.target_modules}' if lo else 'none'}, torch threads: {torch.get_num_threads()}")
-
-
-def spread(ratios: list[float]) -> str:
-    """The median of a ratio's repeats and their range: '1.012 (0.998-1.031)'."""
-    return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
 def checkpoint_cost(cfg, a, run) -> None:
