@@ -44,10 +44,12 @@ def cmd_run(args) -> None:
         ephemeral_server_apart()
         args.stopper.at_hard_exit(lambda: abandon(cfg))
     from flows.iterative import iterative_rl
-    from pipeline.compare import rounds_from_run_dir, tables_text
+    from pipeline.compare import round_gain, rounds_from_run_dir, tables_text
 
     result = iterative_rl(cfg.model_dump(mode="json"), force=args.force, checked=True)
     print(tables_text([(cfg.run.name, rounds_from_run_dir(cfg.run_dir))]))
+    if gain := round_gain(cfg.run_dir, cfg.run.name):
+        print(gain)
     print(f"run directory: {result['run_dir']}  (igrpo compare {result['run_dir']}: the same tables and a plot)")
     print(f"MLflow: parent run {result['mlflow_run']}, experiment {cfg.tracking.experiment!r}, "
           f"at {result['tracking_uri']}")

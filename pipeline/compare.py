@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.evaluate import plot_pass_maj
+from pipeline.evaluate import paired_difference, plot_pass_maj
 from pipeline.rundir import read_json
 
 
@@ -24,6 +24,29 @@ def rounds_from_run_dir(run_dir: Path) -> dict[int, dict[str, float]]:
     if not out:
         raise FileNotFoundError(f"{run_dir}: no round-*/eval.json: not a run directory, or no round evaluated yet")
     return out
+
+
+def round_gain(run_dir: Path, label: str, metric: str = "maj@8") -> str:
+    """One line: the last round's `metric` (Maj@8, else the largest Maj@K evaluated) against the first round's,
+    paired per eval problem: the mean gain and its SE (`paired_difference`). Empty with one round, or where an
+    eval.json has no per-problem figures (written before they were kept)."""
+    found = {}
+    for path in run_dir.glob("round-*/eval.json"):
+        data = read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("per_problem"), dict):
+            found[int(data["round"])] = data["per_problem"]
+    if len(found) < 2:
+        return ""
+    first, last = found[min(found)], found[max(found)]
+    if metric not in first or metric not in last:
+        majs = sorted((int(k.split("@")[1]) for k in first if k.startswith("maj@") and k in last), reverse=True)
+        if not majs:
+            return ""
+        metric = f"maj@{majs[0]}"
+    gain, se = paired_difference(first[metric], last[metric])
+    ratio = f" ({gain / se:+.1f} SE)" if se else ""  # no spread: every problem moved alike (often not at all)
+    return (f"{label}: {metric} round {max(found)} - round {min(found)} = {gain:+.3f}, paired SE {se:.3f} over "
+            f"{len(first[metric])} eval problems{ratio}")
 
 
 _RUN_ID = re.compile(r"[0-9a-f]{32}")  # MLflow's run ids: uuid4 hex
@@ -66,16 +89,17 @@ def _ks(metrics: dict[str, float]) -> list[int]:
 
 def compare(runs: list[str], out: str | Path = "compare.png", tracking_uri: str | None = None) -> tuple[str, Path]:
     """The text tables (`tables_text`) and a plot of round 0 against the last round of each run."""
-    tables, curves = [], {}
+    tables, curves, gains = [], {}, []
     for ref in runs:
         path = Path(ref)
         per_round = rounds_from_run_dir(path) if path.exists() else rounds_from_mlflow(ref, tracking_uri)
         label = path.name if path.exists() else ref[:8]
         tables.append((label, per_round))
+        gains.append(round_gain(path, label) if path.exists() else "")
         first, last = min(per_round), max(per_round)
         for r in sorted({first, last}):
             curves[f"{label} round {r}"] = {k: v for k, v in per_round[r].items() if k.startswith(("pass@", "maj@"))}
-    return tables_text(tables), plot_pass_maj(curves, out)
+    return "\n\n".join([tables_text(tables), *filter(None, gains)]), plot_pass_maj(curves, out)
 
 
 def tables_text(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> str:

@@ -99,7 +99,8 @@ def run_eval_phase(
 
     curve = {k: v for k, v in ev.metrics.items() if "@" in k}
     if json_path is not None:
-        write_json_atomic(json_path, {"round": round_index, "metrics": metrics, "curve": curve})
+        write_json_atomic(json_path, {"round": round_index, "metrics": metrics, "curve": curve,
+                                      "per_problem": ev.per_problem})  # paired comparisons (`igrpo compare`)
     if plot_path is not None:
         plot_pass_maj({f"round {round_index}": curve}, plot_path)
     return EvalPhaseResult(metrics, curve, json_path, plot_path, {k: t for k, t in tables.items() if t})

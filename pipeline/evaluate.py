@@ -199,27 +199,48 @@ def ks_up_to(n: int) -> list[int]:
     return [1 << e for e in range(n.bit_length())]
 
 
-def summarize_samples(
+def per_problem_figures(
     samples_per_problem: list[tuple[list[str | None], list[bool]]], ks: list[int]
-) -> dict[str, float]:
-    """Mean over problems of Pass@K and Maj@K for each K: keys "pass@1", "maj@1", "pass@2", ...
+) -> dict[str, list[float]]:
+    """Pass@K and Maj@K of each problem for each K: keys "pass@1", "maj@1", "pass@2", ..., each a list in the
+    problems' order, kept in eval.json so that two rounds (or two runs) compare paired per problem
+    (`paired_difference`).
 
     Args:
         samples_per_problem: per problem, its n answers and their correctness flags.
         ks: the K values; each must be <= every problem's n.
+    """
+    if not samples_per_problem:
+        raise ValueError("no problems to summarize")
+    out: dict[str, list[float]] = {}
+    for k in ks:
+        out[f"pass@{k}"] = [pass_at_k(len(c), sum(map(bool, c)), k) for _, c in samples_per_problem]
+        out[f"maj@{k}"] = [maj_at_k(a, c, k) for a, c in samples_per_problem]
+    return out
+
+
+def summarize_samples(
+    samples_per_problem: list[tuple[list[str | None], list[bool]]], ks: list[int]
+) -> dict[str, float]:
+    """Mean over problems of Pass@K and Maj@K for each K (`per_problem_figures`): keys "pass@1", "maj@1", ...
 
     Returns:
         Metric name to mean value in [0, 1].
     """
-    if not samples_per_problem:
-        raise ValueError("no problems to summarize")
-    summary: dict[str, float] = {}
-    for k in ks:
-        passes = [pass_at_k(len(c), sum(map(bool, c)), k) for _, c in samples_per_problem]
-        majs = [maj_at_k(a, c, k) for a, c in samples_per_problem]
-        summary[f"pass@{k}"] = float(np.mean(passes))
-        summary[f"maj@{k}"] = float(np.mean(majs))
-    return summary
+    return {name: float(np.mean(v)) for name, v in per_problem_figures(samples_per_problem, ks).items()}
+
+
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+    """Mean of after - before over paired items (the same eval problems), and its standard error
+    sd(after - before) / sqrt(n): the SE that a gain between two rounds or two arms is judged by.
+
+    >>> paired_difference([0.0, 0.5, 1.0, 0.5], [0.5, 0.5, 1.0, 1.0])
+    (0.25, 0.14433756729740643)
+    """
+    if len(before) != len(after) or len(before) < 2:
+        raise ValueError(f"need two equally long lists of at least 2 paired items, got {len(before)} and {len(after)}")
+    d = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
 
 
 def plot_pass_maj(curves: dict[str, dict[str, float]], path: str | os.PathLike) -> Path:
@@ -270,14 +291,15 @@ def plot_pass_maj(curves: dict[str, dict[str, float]], path: str | os.PathLike) 
 
 @dataclass
 class PolicyEval:
-    """Metrics (`greedy`, `pass@K`, `maj@K`) and, per problem, the sampled texts and answers and whether the
-    greedy answer was right."""
+    """Metrics (`greedy`, `pass@K`, `maj@K`) and, per problem, the sampled texts and answers, whether the
+    greedy answer was right, and each metric's value (`per_problem`: name -> one value per problem)."""
 
     metrics: dict[str, float]
     texts: list[list[str]]
     answers: list[list[str | None]]
     correct: list[list[bool]]
     greedy_correct: list[bool]
+    per_problem: dict[str, list[float]]
 
 
 def judged(problem_set, texts: Sequence[str], problem) -> tuple[list[str | None], list[bool]]:
@@ -317,12 +339,11 @@ def evaluate_policy(
     judgements = [judged(problem_set, texts, p) for texts, p in zip(sampled.texts, problems)]
     answers, correct = [a for a, _ in judgements], [c for _, c in judgements]
     greedy_correct = [problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)]
-    metrics = {
-        "greedy": float(np.mean(greedy_correct)),
-        **summarize_samples(list(zip(answers, correct)), ks_up_to(n)),
-        "completions_per_s": len(prompts) * n / sampled.seconds,
-    }
-    return PolicyEval(metrics, sampled.texts, answers, correct, greedy_correct)
+    per_problem = {"greedy": [float(c) for c in greedy_correct],
+                   **per_problem_figures(list(zip(answers, correct)), ks_up_to(n))}
+    metrics = {name: float(np.mean(v)) for name, v in per_problem.items()}
+    metrics["completions_per_s"] = len(prompts) * n / sampled.seconds
+    return PolicyEval(metrics, sampled.texts, answers, correct, greedy_correct, per_problem)
 
 
 def weighted_vote(answers: Sequence[str | None], correct: Sequence[bool], scores: Sequence[float]) -> float:

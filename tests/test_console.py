@@ -63,9 +63,12 @@ def test_igrpo_run_prints_bars_one_line_per_phase_and_the_table(mini_run):
     n_rows = 2 * (rounds + 1)
     assert [row.split()[:3] for row in bon[1 : 1 + n_rows]] == [["mini", str(r), str(n)] for r in range(rounds + 1)
                                                                 for n in (2, 4)]
-    assert bon[1 + n_rows].startswith(f"run directory: {mini_run.cfg.run_dir}")
+    # The last round against round 0, paired per eval problem: the gain a newcomer reads first, and its SE.
+    assert re.fullmatch(rf"mini: maj@4 round {rounds} - round 0 = [+-][\d.]+, paired SE [\d.]+ over 8 eval problems"
+                        r"( \([+-][\d.]+ SE\))?", bon[1 + n_rows])
+    assert bon[2 + n_rows].startswith(f"run directory: {mini_run.cfg.run_dir}")
     parent = read_json(mini_run.cfg.run_dir / "manifest.json")["mlflow"]["parent"]
-    assert bon[2 + n_rows].startswith(f"MLflow: parent run {parent}, experiment 'mini'")
+    assert bon[3 + n_rows].startswith(f"MLflow: parent run {parent}, experiment 'mini'")
 
 
 @pytest.mark.slow

@@ -303,3 +303,29 @@ def test_eval_phase_best_of_n_gives_each_rms_vote_beside_its_pick_majority_and_r
     # MLflow's names, as `tracking.log_metrics` writes them on the parent run.
     assert [metric_name(k) for k in flip] == ["bon/prm_at_3", "bon/prm_vote_at_3", "bon/majority_at_3",
                                               "bon/random_at_3"]
+
+
+def test_a_rounds_gain_is_paired_per_eval_problem_with_its_standard_error(tmp_path):
+    from pipeline.compare import round_gain
+    from pipeline.evaluate import paired_difference
+    from pipeline.rundir import write_json_atomic
+
+    # d = (0.5, 0, 0, 0.5): mean 0.25, sd 0.2887, SE 0.2887 / 2.
+    assert paired_difference([0.0, 0.5, 1.0, 0.5], [0.5, 0.5, 1.0, 1.0]) == pytest.approx((0.25, 0.14434), abs=1e-5)
+    with pytest.raises(ValueError, match="equally long"):
+        paired_difference([0.0, 1.0], [1.0])
+
+    def eval_json(r, per_problem):
+        write_json_atomic(tmp_path / f"round-{r:03d}" / "eval.json", {"round": r, "metrics": {}, "curve": {},
+                                                                      **per_problem})
+
+    eval_json(0, {})  # written before per-problem figures were kept: no paired line
+    eval_json(2, {"per_problem": {"maj@8": [1.0, 0.0, 0.5], "maj@16": [1.0, 1.0, 1.0]}})
+    assert round_gain(tmp_path, "run") == ""
+    eval_json(0, {"per_problem": {"maj@8": [0.0, 0.0, 0.5], "maj@16": [0.0, 0.0, 0.0]}})
+    eval_json(1, {"per_problem": {"maj@8": [0.0, 0.0, 0.0], "maj@16": [0.0, 0.0, 0.0]}})  # not the last round
+    assert round_gain(tmp_path, "run") == "run: maj@8 round 2 - round 0 = +0.333, paired SE 0.333 over 3 eval problems (+1.0 SE)"
+    # Without Maj@8 the largest Maj@K both rounds have.
+    eval_json(2, {"per_problem": {"maj@4": [1.0, 1.0, 1.0], "maj@16": [1.0, 1.0, 1.0]}})
+    eval_json(0, {"per_problem": {"maj@4": [0.0, 0.0, 1.0], "maj@16": [1.0, 1.0, 1.0]}})
+    assert round_gain(tmp_path, "run").startswith("run: maj@16 round 2 - round 0 = +0.000, paired SE 0.000 over 3")

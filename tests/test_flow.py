@@ -70,7 +70,7 @@ def test_compare_gives_the_same_tables_from_the_run_directory_and_its_mlflow_run
 
     cfg = finished.cfg
     text, png = compare([str(cfg.run_dir), _parent(finished)], tmp_path / "cmp.png", cfg.tracking.tracking_uri)
-    table, bon = (part.splitlines() for part in text.split("\n\n"))
+    table, bon, gain = (part.splitlines() for part in text.split("\n\n"))
     assert table[0].split()[:3] == ["run", "round", "greedy"] and "maj@4" in table[0]
     assert len(table) == 1 + 2 * (ROUNDS + 1)
     by_dir, by_mlflow = table[1 : ROUNDS + 2], table[ROUNDS + 2 :]
@@ -81,3 +81,11 @@ def test_compare_gives_the_same_tables_from_the_run_directory_and_its_mlflow_run
     assert len(bon) == 2 + 2 * rows and all("-" not in x.split() for x in bon[2:])
     assert [x.split()[1:] for x in bon[2 : 2 + rows]] == [x.split()[1:] for x in bon[2 + rows :]]
     assert png.stat().st_size > 1000
+    # The run directory keeps each problem's figures: the last round against round 0, paired per problem, agrees
+    # with the table's means (the MLflow run has no per-problem figures: no line for it).
+    k = max(int(c.split("@")[1]) for c in table[0].split() if c.startswith("maj@"))
+    col = table[0].split().index(f"maj@{k}")  # a row's label and round sit under "run" and "round"
+    first, last = (float(row.split()[col]) for row in (by_dir[0], by_dir[-1]))
+    assert len(gain) == 1 and gain[0].startswith(f"{cfg.run.name}: maj@{k} round {ROUNDS} - round 0 = ")
+    assert float(gain[0].split("= ")[1].split(",")[0]) == pytest.approx(last - first, abs=2e-3)
+    assert "paired SE" in gain[0] and "over 8 eval problems" in gain[0]
