@@ -34,7 +34,7 @@ first seed's hybrid grid about 35 min more, one arm 6-13 min):
   python -m experiments --smoke                 # mini budgets, 1 seed, 1 round, ~2 min (runs/experiments-smoke)
   python -m experiments --only rft --only frozen
   python -m experiments --only hybrid-min-w0.5 --seeds 1 2   # the chosen hybrid arm on the other seeds
-  python -m experiments --report-only           # rebuild the report from the kept figures (seconds, no runs/ needed)
+  python -m experiments --report-only           # rebuild the report (and README's results) from the kept figures
   python -m experiments --smoke --report-only   # the smoke run's report
 """
 from __future__ import annotations
@@ -44,7 +44,9 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.report import report
+from bench._common import ROOT
+from experiments.credit_study import LEARNED
+from experiments.report import glance, report, write_region
 from experiments.runner import ARMS, EXPERIMENT, HYBRID_ARMS, Experiments, restart_pinned, stoppable
 
 
@@ -107,6 +109,8 @@ def run_all(a: argparse.Namespace, command: str) -> None:
                 ex.unit(f"{u}-s{seed}", lambda x=u, s=seed: ex.mc(s) if x == "mc" else ex.arm(x, s))
             report(ex, command, time.perf_counter() - start, log=False)
     path = report(ex, command, None if a.report_only else time.perf_counter() - start)
+    if Path(a.out).resolve() == ROOT / "docs":  # the README's results at a glance, from the same kept figures
+        write_region(ROOT / "README.md", "results", glance(Path(a.figures), LEARNED))
     print(f"report: {path} ({(time.perf_counter() - start) / 60:.1f} min)")
 
 

@@ -29,12 +29,11 @@ import argparse
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from bench._common import ROOT, table
-from experiments.report import BEGIN, END, with_study
-from experiments.runner import Experiments, restart_pinned, rounds_of, stoppable
+from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, pays, with_study, write_region
+from experiments.runner import Experiments, per_problem_of, restart_pinned, rounds_of, stoppable
 from pipeline.loading import load_config
 
 TASKS = {"quickstart": "configs/quickstart.yaml", "long-chains": "configs/long-chains.yaml"}
@@ -90,73 +89,101 @@ class Study(Experiments):
         from flows.iterative import iterative_rl
 
         iterative_rl(self.arm_config(arm, seed).model_dump(mode="json"))
-        return {"rounds": rounds_of(self.runs_dir / f"{self.task}-{arm}-s{seed}"), "overrides": overrides(arm)}
+        run = self.runs_dir / f"{self.task}-{arm}-s{seed}"
+        # Per-problem eval figures, where eval.json has them, for the report's paired SE.
+        pp = {str(r): m for r, m in per_problem_of(run).items()}
+        return {"rounds": rounds_of(run), "overrides": overrides(arm), **({"per_problem": pp} if pp else {})}
 
 
 # --- the report ------------------------------------------------------------------------------------
 
 
 def figures(kept: dict[str, dict]) -> dict:
-    """arm -> seed -> round -> metric, from the kept units (`Experiments.kept`)."""
+    """arm -> seed -> round -> metric, from the kept units (`Experiments.kept`); a unit that kept per-problem eval
+    figures (`per_problem`: round -> metric -> one value per eval problem) has them under the round's `per_problem`."""
     data: dict = {}
     for name, kept in kept.items():
         if "rounds" in kept:
             arm, seed = name.rsplit("-s", 1)
-            data.setdefault(arm, {})[int(seed)] = {int(r): m for r, m in kept["rounds"].items()}
+            rounds = {int(r): dict(m) for r, m in kept["rounds"].items()}
+            for r, pp in kept.get("per_problem", {}).items():
+                rounds.setdefault(int(r), {})["per_problem"] = pp
+            data.setdefault(arm, {})[int(seed)] = rounds
     return data
 
 
-def mean_std(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    return f"{statistics.mean(xs):+.3f}" + (f" ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else "")
+def problem_gaps(arm: dict, base: dict, seeds: list[int], r: int, key: str) -> list[float] | None:
+    """Per-problem differences arm - verifier of `key` at round r, every seed's problems pooled; None unless every
+    seed of both kept them."""
+    pp = [(arm[s][r].get("per_problem", {}).get(key), base.get(s, {}).get(r, {}).get("per_problem", {}).get(key))
+          for s in seeds]
+    if not pp or any(a is None or b is None for a, b in pp):
+        return None
+    return [x - y for a, b in pp for x, y in zip(a, b, strict=True)]
 
 
 def task_section(kept: dict[str, dict], last: int) -> list[str]:
-    """The task's table: each arm's round-`last` figures and its per-seed gap to the verifier's."""
+    """The task's table: each arm's round-`last` figures, its per-seed gaps to the verifier's, their mean ± SE, the
+    per-problem paired SE where kept, and the rule's verdict (`report.pays`)."""
     data, rows = figures(kept), []
     base = data.get("verifier", {})
     order = list(ARMS)  # the study's arms in their order, each variant after its arm
     for arm in sorted(data, key=lambda a: (order.index(base_arm(a)), a)):
         seeds = sorted(s for s, m in data[arm].items() if last in m)
-        diffs = [data[arm][s][last]["eval/maj@8"] - base[s][last]["eval/maj@8"]
-                 for s in seeds if last in base.get(s, {})]
+        paired = [s for s in seeds if last in base.get(s, {})]
+        diffs = [data[arm][s][last]["eval/maj@8"] - base[s][last]["eval/maj@8"] for s in paired]
         cell = lambda key: " / ".join(f"{data[arm][s][last][key]:.3f}" for s in seeds)  # noqa: E731
         share = [data[arm][s][r].get("policy/advantage_mean_share") for s in seeds for r in range(1, last + 1)]
         share = [x for x in share if x is not None]
+        problems = problem_gaps(data[arm], base, paired, last, "maj@8")
+        vs = arm != "verifier"
         rows.append([f"`{arm}`", ", ".join(map(str, seeds)), f"{data[arm][seeds[0]][0]['eval/maj@8']:.3f}"
                      if seeds else "-", cell("eval/maj@8"), cell("eval/greedy"), cell("eval/pass@1"),
-                     "-" if arm == "verifier" else mean_std(diffs),
-                     "-" if arm == "verifier" else f"{sum(d >= 0 for d in diffs)} of {len(diffs)}",
+                     " / ".join(f"{d:+.3f}" for d in diffs) if vs else "-", fmt_se(diffs) if vs else "-",
+                     (fmt_se(problems) if problems is not None else "not kept") if vs else "-",
+                     f"{sum(d >= 0 for d in diffs)} of {len(diffs)}" if vs else "-",
+                     ("pays" if pays(diffs) else "does not pay") if vs else "-",
                      f"{statistics.mean(share):.2f}" if share else "-"])
-    md = [table(["arm", "seeds", "Maj@8 round 0 (seed " + (str(min(base)) if base else "-") + ")",
-                 f"Maj@8 round {last} (per seed)", f"greedy round {last}", f"Pass@1 round {last}",
-                 f"Δ Maj@8 vs verifier, round {last}", "seeds at or above the verifier",
-                 "advantage mean / RMS (RL rounds)"], rows)]
-    return md
+    return [table(["arm", "seeds", "Maj@8 round 0 (seed " + (str(min(base)) if base else "-") + ")",
+                   f"Maj@8 round {last} (per seed)", f"greedy round {last}", f"Pass@1 round {last}",
+                   f"Δ Maj@8 vs verifier, round {last} (per seed)", "Δ mean ± SE over seeds",
+                   "Δ per problem, mean ± paired SE", "seeds at or above the verifier", "verdict (the rule)",
+                   "advantage mean / RMS (RL rounds)"], rows)]
+
+
+def region(name: str, lines: list[str]) -> list[str]:
+    """`lines` between the markers of a generated region (tests/test_results_generated.py remakes each)."""
+    return [f"<!-- generated: {name} -->", *lines, GENERATED_END]
 
 
 def report(a: argparse.Namespace, out: Path) -> Path:
     """Rewrite the study's section of `out` (docs/results.md), between its markers, from the kept figures."""
-    md = ["## Process rewards that pay (issue 39)", "",
-          f"Command: `python -m experiments.credit_study` (the tasks and seeds of each unit below); {time.strftime('%Y-%m-%d')}."
-          " Each arm starts from its seed's SFT policy and runs round 0 and "
+    studies = {task: Study(a, task) for task in TASKS}
+    kept = {task: s.kept() for task, s in studies.items()}
+    dates = sorted({u["date"] for k in kept.values() for u in k.values() if "date" in u})
+    md = ["## Process rewards that pay (issue 39)", "", RULE, "", *region("credit-arms", [
+          "Command: `python -m experiments.credit_study` (the tasks and seeds of each unit below)"
+          + (f"; units of {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") if dates else "")
+          + ". Each arm starts from its seed's SFT policy and runs round 0 and "
           f"{a.rounds} RL rounds on the task's config (its budgets, `configs/<task>.yaml`) plus the arm's overrides:",
           "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
-                     + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]]),
+                     + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]])]),
           ""]
     for task in TASKS:
-        study = Study(a, task)
-        if not (kept := study.kept()):
+        if not (units := kept[task]):
             md += [f"### {task}", "", "Not measured yet.", ""]
             continue
-        units = kept.values()
-        commits = sorted({u["commit"] for u in units})
-        machines = sorted({u["machine"] for u in units})
-        rows = task_section(kept, a.rounds)
-        md += [f"### {task}", "", f"Units from {', '.join(f'`{c}`' for c in commits)} on {'; '.join(machines)}; "
-               f"sum of their wall times {sum(u['seconds'] for u in units) / 60:.0f} min. Δ: per-seed differences "
-               "to the verifier arm of the same seed, mean ± sample std.", "", *rows, ""]
+        commits = sorted({u["commit"] for u in units.values()})
+        machines = sorted({u["machine"] for u in units.values()})
+        per_problem = any("per_problem" in u for u in units.values())
+        md += [f"### {task}", "", *region(f"credit-{task}", [
+            f"Units from {', '.join(f'`{c}`' for c in commits)} on {'; '.join(machines)}; sum of their wall times "
+            f"{sum(u['seconds'] for u in units.values()) / 60:.0f} min. Δ: per-seed differences to the verifier arm "
+            "of the same seed; their mean ± SE over seeds. "
+            + ("Per problem: the differences on each eval problem, every seed's pooled, mean ± paired SE."
+               if per_problem else "Per problem: **not kept** (these units kept no per-problem eval figures, so "
+               "no per-problem paired SE can be given for them)."),
+            "", *task_section(units, a.rounds)]), ""]
     out_text = out.read_text() if out.exists() else ""
     # The verdicts written by hand under the tables (paragraphs opening "**What held") are kept as written.
     old = out_text.partition(BEGIN)[2].partition(END)[0]
@@ -189,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     prefect_defaults()
     stoppable("credit_study", lambda: run(a))
     print(f"report: {report(a, Path(a.out))}")
+    if Path(a.out).resolve() == ROOT / "docs" / "results.md":  # README's results at a glance name the best arm
+        write_region(ROOT / "README.md", "results", glance(Path(a.figures).parent, LEARNED))
 
 
 def run(a: argparse.Namespace) -> None:

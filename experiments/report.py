@@ -2,8 +2,10 @@
 
 Reads `docs/experiments/<unit>.json` (what the runner keeps of each finished arm and seed, `mc-s<seed>`, `sft-s<seed>`),
 or the run directories of arms still running, and `docs/experiments/prm-study/*.json` (experiments/prm_study.py
-`--figures`); writes `docs/results.md` (tables: mean ± sample std over seeds, per-seed values at the end) and the
-PNG plots in `docs/img/`, and logs both to a `summary` run of the MLflow experiment. The verdicts written by hand
+`--figures`); writes `docs/results.md` (tables: mean ± SD over seeds, gaps between arms mean ± SE and the decision
+rule's verdict, per-seed values at the end; each section's generated part between `<!-- generated: NAME -->` markers,
+which tests/test_results_generated.py remakes from the kept figures), README's results at a glance (`glance`), and
+the PNG plots in `docs/img/`, and logs both to a `summary` run of the MLflow experiment. The verdicts written by hand
 under each section (`**What held ...`) are kept when the report is rebuilt; `docs/lab/results-history.md` is
 linked, never rewritten. The arms, their labels and overrides are the runner's (experiments/runner.py). A rebuild
 needs no `runs/` and takes seconds:
@@ -15,9 +17,8 @@ needs no `runs/` and takes seconds:
 from __future__ import annotations
 
 import collections
-import os
+import re
 import statistics
-import time
 from pathlib import Path
 
 from bench._common import table
@@ -30,8 +31,71 @@ RM_ARMS = ("prm", "frozen", "noreplay", "exploit")  # section 2
 SHARE = "policy/process_variance_share"
 # experiments/credit_study.py's section of results.md lies between these; a rebuild here keeps it (`keep_study`).
 BEGIN, END = "<!-- credit-study: begin -->", "<!-- credit-study: end -->"
+# A region the report writes (in docs/results.md, README.md's results): tests/test_results_generated.py remakes each.
+GENERATED = re.compile(r"<!-- generated: ([\w-]+) -->\n(.*?)<!-- end generated -->", re.S)
+GENERATED_END = "<!-- end generated -->"
 HISTORY = "lab/results-history.md"  # superseded reports, kept by hand beside the report (relative to --out)
 PLACEHOLDER = "**What held / what did not:** _to be written from the numbers above; the script does not judge them._"
+
+
+# --- spreads and the decision rule: pure functions of lists of numbers -------------------------------
+
+# Issue 47's rule, fixed before the study's runs; `pays` is it, and this paragraph is the one place it is written.
+RULE = ("**The decision rule** (issue 47), fixed before its study's runs: an arm *pays* when its mean gap to the verifier arm of the "
+        "same seed (Maj@8 at the last round) is above 0 by at least 2 SE over seeds (SE = SD / sqrt(n)) and it is at "
+        "or above the verifier in at least 4 of 5 seeds; on 3 seeds (the quickstart), in all 3. Spreads are labelled: "
+        "SE is the standard error of the mean, SD the sample standard deviation over seeds, never a bare ±.")
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    """The mean of `xs` and its standard error, SD / sqrt(n) (nan for one value: no spread to read).
+
+    >>> mean_se([0.01, 0.03, 0.02])  # SD 0.01, SE 0.01 / sqrt(3)
+    (0.02, 0.005773502691896258)
+    """
+    n = len(xs)
+    return statistics.mean(xs), statistics.stdev(xs) / n ** 0.5 if n > 1 else float("nan")
+
+
+def paired_se(arm: list[float], base: list[float]) -> tuple[float, float]:
+    """Mean and SE of the per-problem differences `arm[i] - base[i]`: the same problems, in the same order, in both
+    (a problem's difficulty cancels, so this SE is far smaller than the two arms' own).
+
+    >>> paired_se([1, 1, 0, 1], [1, 0, 0, 1])  # differences 0, 1, 0, 0
+    (0.25, 0.25)
+    """
+    if len(arm) != len(base):
+        raise ValueError(f"paired_se: {len(arm)} problems against {len(base)}: not the same eval problems")
+    return mean_se([a - b for a, b in zip(arm, base)])
+
+
+def seeds_needed(n: int) -> int:
+    """At or above the verifier in how many of n seeds the rule asks: all but one from 5 seeds, every one below."""
+    return n - 1 if n >= 5 else n
+
+
+def pays(gaps: list[float]) -> bool:
+    """`RULE`: the per-seed gaps to the verifier have a mean above 0 by at least 2 SE, and enough seeds are >= 0.
+
+    >>> pays([0.02, 0.03, 0.01, 0.02, -0.001])  # mean 0.016, SE 0.005: 3.0 SE; 4 of 5 at or above
+    True
+    >>> pays([0.005, 0.003, 0.008])  # 3.7 SE, and all 3 seeds at or above
+    True
+    >>> pays([0.02, 0.03, -0.001])  # 3 seeds, one below
+    False
+    """
+    if len(gaps) < 2:
+        return False
+    mean, se = mean_se(gaps)
+    return mean > 0 and mean >= 2 * se and sum(g >= 0 for g in gaps) >= seeds_needed(len(gaps))
+
+
+def fmt_se(xs: list[float]) -> str:
+    """'+mean ± SE SE' of per-seed gaps ('+mean' for one seed, '-' for none)."""
+    if not xs:
+        return "-"
+    mean, se = mean_se(xs)
+    return f"{mean:+.3f}" + (f" ± {se:.3f} SE" if len(xs) > 1 else "")
 
 
 # --- the figures: arm -> seed -> round -> metric ----------------------------------------------------
@@ -62,10 +126,10 @@ def at(data: dict, arm: str, seed: int, r: int, key: str) -> float | None:
 
 
 def fmt(xs: list[float], seeds: int) -> str:
-    """'mean ± sample std' over seeds, '(n=k)' when fewer seeds than planned finished; '-' when none."""
+    """'mean ± sample std SD' over seeds, '(n=k)' when fewer seeds than planned finished; '-' when none."""
     if not xs:
         return "-"
-    text = f"{statistics.mean(xs):.3f}" + (f" ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else "")
+    text = f"{statistics.mean(xs):.3f}" + (f" ± {statistics.stdev(xs):.3f} SD" if len(xs) > 1 else "")
     return text + (f" (n={len(xs)})" if len(xs) < seeds else "")
 
 
@@ -125,9 +189,12 @@ def mixed_starts(ex: Experiments, seeds: list[int]) -> dict[int, dict[str, list[
 # --- plots ---------------------------------------------------------------------------------------------
 
 
-def plot_lines(path: Path, panels: list[tuple[str, str, dict[str, tuple[list, list, list]]]], xlabel: str,
-               logx: bool = False) -> Path:
-    """One panel per (title, y label, {label: (x, mean, std)}), error bars = std over seeds."""
+def plot_lines(path: Path | None, panels: list[tuple[str, str, dict[str, tuple[list, list, list]]]], xlabel: str,
+               logx: bool = False) -> Path | None:
+    """One panel per (title, y label, {label: (x, mean, std)}), error bars = SD over seeds; nothing drawn when
+    `path` is None."""
+    if path is None:
+        return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -167,25 +234,40 @@ def by_round(data: dict, arm: str, rounds: list[int], key: str) -> tuple[list, l
 # --- the report, section by section; each returns its markdown lines and draws its plot ------------
 
 
-def report(ex: Experiments, command: str, wall: float | None, log: bool = True) -> Path:
-    """Write results.md and its plots from whatever runs exist (and log them to MLflow); return the path."""
-    seeds, last, out = ex.a.seeds, ex.a.rounds, Path(ex.a.out)
-    img, n = out / "img", len(seeds)
-    data = gather(ex, seeds)
-    md = header_section(ex, data, command, wall)
-    md += supervision_section(data, n, last, img)
-    md += reward_model_section(data, n, last, img, ex.arm_config("prm", seeds[0]).eval.monitor_threshold)
-    md += pass_maj_section(data, n, last, img)
-    md += mc_section(ex, seeds, img)
-    md += best_of_n_section(data, n, last, img)
-    md += issue16_section(ex, data, seeds, list(range(last + 1)), img)
-    md += per_seed_section(data, list(range(last + 1)))
+def report(ex: Experiments, command: str, wall: float | None, log: bool = True, plots: bool = True) -> Path:
+    """Write results.md (and its plots unless `plots` is False) from whatever runs exist (and log them to MLflow);
+    return the path."""
+    out = Path(ex.a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.md"
-    path.write_text(keep_study(keep_verdicts("\n".join(md), path), path))
+    path.write_text(keep_study(keep_verdicts("\n".join(sections(ex, command, wall, out / "img" if plots else None)),
+                                            path), path))
     if log:
-        _log_summary(ex, path, img)
+        _log_summary(ex, path, out / "img")
     return path
+
+
+def sections(ex: Experiments, command: str, wall: float | None, img: Path | None) -> list[str]:
+    """The report's markdown lines, each section's generated part between the markers of its region; the plots
+    drawn into `img` (none when None)."""
+    seeds, last = ex.a.seeds, ex.a.rounds
+    n, data, rounds = len(seeds), gather(ex, seeds), list(range(last + 1))
+    parts = {
+        "results-header": header_section(ex, data, command, wall),
+        "results-1": supervision_section(data, n, last, img),
+        "results-2": reward_model_section(data, n, last, img, ex.arm_config("prm", seeds[0]).eval.monitor_threshold),
+        "results-3": pass_maj_section(data, n, last, img),
+        "results-4": mc_section(ex, seeds, img),
+        "results-5": best_of_n_section(data, n, last, img),
+        "results-6": issue16_section(ex, data, seeds, rounds, img),
+        "results-per-seed": per_seed_section(data, rounds),
+    }
+    md: list[str] = []
+    for name, lines in parts.items():  # a region opens under its title; the verdict, written by hand, stays out
+        i = next(k + 1 for k, line in enumerate(lines) if line.startswith("#"))
+        body, verdict = (lines[i:-1], ["", lines[-1]]) if lines[-1] == PLACEHOLDER else (lines[i:], [])
+        md += [*lines[:i], f"<!-- generated: {name} -->", *body, GENERATED_END, *verdict]
+    return md
 
 
 def header_section(ex: Experiments, data: dict, command: str, wall: float | None) -> list[str]:
@@ -194,13 +276,15 @@ def header_section(ex: Experiments, data: dict, command: str, wall: float | None
     units = ex.units()
     failed = sorted(k for k, v in units.items() if v["status"] == "failed")
     total = sum(v["seconds"] for v in units.values())
+    dates = sorted({k["date"] for k in ex.kept().values() if "date" in k})  # the kept units', not today's
     md = [
         "# Results: DeepSeekMath's comparisons on the embedded problem set",
         "",
         f"Command: `{command}` (from the repository root); "
         + (f"wall time of this invocation {wall / 60:.0f} min, " if wall is not None else "")
-        + f"sum of all units' wall times over every invocation {total / 60:.0f} min; {time.strftime('%Y-%m-%d')}, "
-        f"{os.cpu_count()} CPU cores. Seeds {seeds}; each seed also draws the problem set. "
+        + f"sum of all units' wall times over every invocation {total / 60:.0f} min; "
+        + (f"units of {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") + ". " if dates else "")
+        + f"Seeds {seeds}; each seed also draws the problem set. "
         f"MLflow experiment `{a.experiment}` (a parent run per arm and seed, `<arm>-s<seed>`; `sft-s<seed>`, "
         "`mc-labels-s<seed>`; the report and plots as artifacts of a `summary` run).",
         "",
@@ -221,8 +305,11 @@ def header_section(ex: Experiments, data: dict, command: str, wall: float | None
             [f"`{arm}` {LABELS[arm]}", " ".join(f"`{o}`" for o in arm_overrides(arm, a.smoke)) or "-",
              f"{sum(last in m for m in data.get(arm, {}).values())} of {len(seeds)} seeds"] for arm in ARMS]),
         "",
-        f"`±` is the sample standard deviation over seeds (n = {len(seeds)} is few: read it as a rough spread); "
-        "the per-seed values are at the end. Gains are per-seed differences, then averaged.",
+        f"`± x SD` is the sample standard deviation over seeds (n = {len(seeds)} is few: read it as a rough spread); "
+        "`± x SE` its standard error, SD / sqrt(n), where arms are compared. The per-seed values are at the end. "
+        "Gains and gaps are per-seed differences, then averaged."
+        + ("" if any("per_problem" in k for k in ex.kept().values()) else " No kept unit of these sections has "
+           "per-problem eval figures, so no per-problem paired SE is given."),
     ]
     if failed:
         md += ["", f"**Failed units** (see the command's log): {', '.join(failed)}."]
@@ -248,14 +335,14 @@ def budgets(ex: Experiments) -> str:
         f"are rerun in each arm with the same seeds (the prm arm's eval draws {e.samples_per_problem} samples).")
 
 
-def supervision_section(data: dict, n: int, last: int, img: Path) -> list[str]:
+def supervision_section(data: dict, n: int, last: int, img: Path | None) -> list[str]:
     """1. Process against outcome supervision, and Online RFT (DeepSeekMath Fig. 5)."""
     rounds = list(range(last + 1))
     rows = [[LABELS[arm]] + [fmt(values(data, arm, r, "eval/maj@8"), n) for r in rounds]
             + [fmt(gains(data, arm, last, "eval/maj@8"), n), fmt(values(data, arm, last, "eval/greedy"), n),
                fmt(values(data, arm, last, "eval/pass@1"), n)]
             for arm in SUPERVISION_ARMS]
-    plot_lines(img / "supervision.png", [
+    plot_lines(img and img / "supervision.png", [
         (f"{name} per round", "accuracy", {LABELS[x]: by_round(data, x, rounds, key) for x in SUPERVISION_ARMS})
         for name, key in (("Maj@8", "eval/maj@8"), ("greedy", "eval/greedy"))
     ], "round")
@@ -269,7 +356,7 @@ def supervision_section(data: dict, n: int, last: int, img: Path) -> list[str]:
             "", "![Maj@8 and greedy per round by supervision](img/supervision.png)", "", PLACEHOLDER]
 
 
-def reward_model_section(data: dict, n: int, last: int, img: Path, threshold: float) -> list[str]:
+def reward_model_section(data: dict, n: int, last: int, img: Path | None, threshold: float) -> list[str]:
     """2. The RM retrained each round, frozen, without replay, exploitable: Maj@8 and the monitor (DeepSeekMath Fig. 6)."""
     rounds, later = list(range(last + 1)), list(range(1, last + 1))
     name = {arm: LABELS[arm] if arm != "prm" else "PRM retrained, 10% replay" for arm in RM_ARMS}
@@ -283,7 +370,7 @@ def reward_model_section(data: dict, n: int, last: int, img: Path, threshold: fl
                + [fired(data, arm, r, "monitor/prm_alarm") for r in later] for arm in RM_ARMS]
     names = {"prm": "retrained, 10% replay", "frozen": "frozen at round 0", "noreplay": "retrained, no replay",
              "exploit": "frozen, exploitable"}
-    plot_lines(img / "reward_model.png", [
+    plot_lines(img and img / "reward_model.png", [
         ("policy Maj@8 per round", "accuracy", {names[x]: by_round(data, x, rounds, "eval/maj@8") for x in RM_ARMS}),
         ("reward-hacking gap (PRM mean - verifier)", "gap", {names[x]: by_round(data, x, rounds, "monitor/prm_gap")
                                                              for x in RM_ARMS}),
@@ -310,13 +397,13 @@ def reward_model_section(data: dict, n: int, last: int, img: Path, threshold: fl
             "", "![Maj@8 and reward-hacking gap per round](img/reward_model.png)", "", PLACEHOLDER]
 
 
-def pass_maj_section(data: dict, n: int, last: int, img: Path) -> list[str]:
+def pass_maj_section(data: dict, n: int, last: int, img: Path | None) -> list[str]:
     """3. Maj@K and Pass@K, round 0 against the last round, of the prm arm (DeepSeekMath Fig. 7)."""
     ks = sorted({int(k.split("@")[1]) for m in data.get("prm", {}).values() for r in m.values() for k in r
                  if k.startswith("eval/pass@")})
     rows = [[str(k)] + [fmt(values(data, "prm", r, f"eval/{m}@{k}"), n) for m in ("maj", "pass") for r in (0, last)]
             + [fmt(gains(data, "prm", last, f"eval/{m}@{k}"), n) for m in ("maj", "pass")] for k in ks]
-    plot_lines(img / "pass_maj.png", [
+    plot_lines(img and img / "pass_maj.png", [
         (f"{m.capitalize()}@K, GRPO + PRM", "accuracy",
          {f"round {r}": curve(data, "prm", [(k, r, f"eval/{m}@{k}") for k in ks]) for r in sorted({0, last})})
         for m in ("maj", "pass")], "K: samples per problem", logx=True)
@@ -328,13 +415,13 @@ def pass_maj_section(data: dict, n: int, last: int, img: Path) -> list[str]:
             "", "![Maj@K and Pass@K against K](img/pass_maj.png)", "", PLACEHOLDER]
 
 
-def mc_section(ex: Experiments, seeds: list[int], img: Path) -> list[str]:
+def mc_section(ex: Experiments, seeds: list[int], img: Path | None) -> list[str]:
     """4. MC step labels' agreement with gold against N (Math-Shepherd §5.2), from the `mc-s<seed>` units."""
     n = len(seeds)
     mc = [m for s in seeds if (m := ex.recorded(f"mc-s{s}"))]
     rows = [[str(k), fmt([m["by_n"][str(k)]["he"] for m in mc], n), fmt([m["by_n"][str(k)]["se"] for m in mc], n),
              fmt([m["by_n"][str(k)]["rollouts_per_sample"] for m in mc], n)] for k in MC_NS]
-    plot_lines(img / "mc_labels.png", [("MC step labels against gold", "agreement", {
+    plot_lines(img and img / "mc_labels.png", [("MC step labels against gold", "agreement", {
         name: (list(MC_NS), [statistics.mean([m["by_n"][str(k)][key] for m in mc]) for k in MC_NS],
                [statistics.stdev([m["by_n"][str(k)][key] for m in mc]) if len(mc) > 1 else 0.0 for k in MC_NS])
         for name, key in (("hard estimation", "he"), ("soft estimation (>= 0.5)", "se")) if mc})],
@@ -353,7 +440,7 @@ def mc_section(ex: Experiments, seeds: list[int], img: Path) -> list[str]:
             "", "![MC label agreement against N](img/mc_labels.png)", "", PLACEHOLDER]
 
 
-def best_of_n_section(data: dict, n: int, last: int, img: Path) -> list[str]:
+def best_of_n_section(data: dict, n: int, last: int, img: Path | None) -> list[str]:
     """5. Best-of-N by each RM's pick and RM-weighted vote, majority vote and a random pick, of the prm arm."""
     ns = sorted({int(k.split("@")[1]) for m in data.get("prm", {}).values() for r in m.values() for k in r
                  if k.startswith("bon/prm@")})
@@ -361,7 +448,7 @@ def best_of_n_section(data: dict, n: int, last: int, img: Path) -> list[str]:
              "random": "random"}  # `bon/<pick>@N` -> its column and plot label
     ends = sorted({0, last})
     rows = [[str(k)] + [fmt(values(data, "prm", r, f"bon/{w}@{k}"), n) for r in ends for w in picks] for k in ns]
-    plot_lines(img / "best_of_n.png", [
+    plot_lines(img and img / "best_of_n.png", [
         (f"best-of-N, round {r}", "accuracy",
          {label: curve(data, "prm", [(k, r, f"bon/{w}@{k}") for k in ns]) for w, label in picks.items()})
         for r in ends], "N: candidates per problem", logx=True)
@@ -376,14 +463,14 @@ def best_of_n_section(data: dict, n: int, last: int, img: Path) -> list[str]:
             "", "![Best-of-N against N](img/best_of_n.png)", "", PLACEHOLDER]
 
 
-def issue16_section(ex: Experiments, data: dict, seeds: list[int], rounds: list[int], img: Path) -> list[str]:
+def issue16_section(ex: Experiments, data: dict, seeds: list[int], rounds: list[int], img: Path | None) -> list[str]:
     """Section 6: hybrid credit (grid on the first seed, then the chosen arm on every seed), the oracle PRM, and
     what limits the PRM (experiments/prm_study.py's table when it has run)."""
     return hybrid_and_oracle(data, seeds, rounds, img) + prm_quality(data, seeds, rounds) + prm_study_table(ex) + [
         "", PLACEHOLDER]
 
 
-def hybrid_and_oracle(data: dict, seeds: list[int], rounds: list[int], img: Path) -> list[str]:
+def hybrid_and_oracle(data: dict, seeds: list[int], rounds: list[int], img: Path | None) -> list[str]:
     """Section 6's title, the hybrid grid on the first seed, and the chosen hybrid and the oracle on every seed."""
     last, s0, n = rounds[-1], seeds[0], len(seeds)
     grid = ["verifier", "prm", *HYBRID_ARMS, "oracle"]
@@ -394,11 +481,12 @@ def hybrid_and_oracle(data: dict, seeds: list[int], rounds: list[int], img: Path
     chosen = chosen_hybrid(data, s0, last)
     compared = ["verifier", "prm", *([chosen] if chosen else []), "oracle"]
     rows3 = [[LABELS[arm]] + [fmt(values(data, arm, r, "eval/maj@8"), n) for r in rounds]
-             + [fmt(d := paired(data, arm, "verifier", last, "eval/maj@8"), n) if arm != "verifier" else "-",
+             + [fmt_se(d := paired(data, arm, "verifier", last, "eval/maj@8")) if arm != "verifier" else "-",
                 f"{sum(x >= 0 for x in d)} of {len(d)}" if arm != "verifier" else "-",
+                ("pays" if pays(d) else "does not pay") if arm != "verifier" else "-",
                 fmt(values(data, arm, last, SHARE), n) if arm == chosen else "-"]
              for arm in compared if arm in data]
-    plot_lines(img / "pay_their_way.png", [
+    plot_lines(img and img / "pay_their_way.png", [
         ("Maj@8 per round", "accuracy", {LABELS[x]: by_round(data, x, rounds, "eval/maj@8") for x in compared})],
         "round")
     return ["", "## 6. Do the learned reward models pay their way? Hybrid credit, an oracle PRM, the PRM's quality", "",
@@ -411,7 +499,8 @@ def hybrid_and_oracle(data: dict, seeds: list[int], rounds: list[int], img: Path
             table(["arm"] + [f"Maj@8 r{r}" for r in rounds] + [f"PRM share r{r}" for r in rounds[1:]], rows), "",
             f"Chosen on seed {s0}: {LABELS.get(chosen, 'none yet')} (best Maj@8 at round {last} among the grid arms whose "
             "PRM term carries >= 20% of the variance in every RL round). Every seed:", "",
-            table(["arm"] + [f"Maj@8 r{r}" for r in rounds] + [f"Δ vs verifier r{last}", "seeds >= verifier",
+            table(["arm"] + [f"Maj@8 r{r}" for r in rounds] + [f"Δ vs verifier r{last}, mean ± SE over seeds",
+                                                              "seeds >= verifier", "verdict (the rule)",
                                                               f"PRM share r{last}"], rows3),
             "", "![Maj@8 per round: verifier, PRM, hybrid, oracle](img/pay_their_way.png)", ""]
 
@@ -487,6 +576,67 @@ def with_study(text: str, block: str) -> str:
         return head + block + rest.partition(END)[2]
     head, sep, rest = text.partition("\n## ")
     return head + "\n" + block + "\n" + sep + rest if sep else text + "\n" + block + "\n"
+
+
+# --- README.md's results at a glance: one region, each answer a figure of the kept units ------------------------
+
+
+def glance(figures: Path, learned: tuple[str, ...]) -> str:
+    """README's results table from the kept units under `figures` (docs/experiments): the main comparisons' and the
+    credit study's quickstart arms (`learned`: those whose step values a learned RM gives)."""
+    data = {arm: {int(k.stem.rsplit("-s", 1)[1]): {int(r): m for r, m in read_json(k)["rounds"].items()}
+                  for k in sorted(figures.glob(f"{arm}-s*.json"))} for arm in ARMS}
+    credit = {}
+    for k in sorted((figures / "credit" / "quickstart").glob("*-s*.json")):
+        arm, seed = k.stem.rsplit("-s", 1)
+        if "rounds" in (kept := read_json(k)):
+            credit.setdefault(arm, {})[int(seed)] = {int(r): m for r, m in kept["rounds"].items()}
+    mc = [read_json(p)["by_n"] for p in sorted(figures.glob("mc-s*.json"))]
+    maj = "eval/maj@8"
+
+    def gap(arm: str, base: str = "verifier", d: dict = data) -> str:
+        xs = paired(d, arm, base, 2, maj)
+        return f"{fmt_se(xs)} ({sum(x >= 0 for x in xs)} of {len(xs)} seeds at or above)"
+
+    def keys_gap(a: str, b: str, r: int) -> str:  # one arm's two metrics, per seed
+        return fmt_se([m[r][a] - m[r][b] for m in data["prm"].values()])
+
+    best = max(learned, key=lambda arm: statistics.mean(paired(credit, arm, "verifier", 2, maj)))
+    he, se = ([statistics.mean(m[str(k)][key] for m in mc) for k in (MC_NS[0], MC_NS[-1])] for key in ("he", "se"))
+    rows = [
+        ["Process above outcome supervision (DeepSeekMath Fig. 5)?", f"Maj@8 - the verifier's: PRM {gap('prm')}, Online RFT {gap('rft')}",
+         "§1"],
+        ["The RM retrained each round above one frozen (Fig. 6)?", f"Maj@8, retrained - frozen: {gap('prm', 'frozen')}", "§2"],
+        ["The monitor on an exploitable RM, quiet on the retrained one?", f"fires in round 1 in "
+         f"{fired(data, 'exploit', 1, 'monitor/prm_alarm')} seeds; on the retrained RM "
+         f"{fired(data, 'prm', 1, 'monitor/prm_alarm')} in round 1, {fired(data, 'prm', 2, 'monitor/prm_alarm')} in 2",
+         "§2"],
+        ["RL sharpens rather than widens (Fig. 7)?", "round 0 -> 2: Maj@64 "
+         f"{fmt_se(gains(data, 'prm', 2, 'eval/maj@64'))}, Pass@64 {fmt_se(gains(data, 'prm', 2, 'eval/pass@64'))}",
+         "§3"],
+        ["MC labels: hard estimation worse with N, soft better (Math-Shepherd)?",
+         f"agreement at N = {MC_NS[0]} -> {MC_NS[-1]}: hard {he[0]:.3f} -> {he[1]:.3f}, soft {se[0]:.3f} -> {se[1]:.3f}",
+         "§4"],
+        ["The RM-weighted vote at or above majority (Math-Shepherd)?",
+         f"vote - majority at N = 64: {keys_gap('bon/prm_vote@64', 'bon/majority@64', 0)} (round 0), "
+         f"{keys_gap('bon/prm_vote@64', 'bon/majority@64', 2)} (round 2)", "§5"],
+        ["Hybrid credit, or the oracle PRM, above the verifier?",
+         f"Maj@8 - the verifier's: hybrid {gap('hybrid-min-w0.5')}, oracle {gap('oracle')}", "§6"],
+        ["A learned RM above the verifier (progress credit, implicit or label-token PRM)?",
+         f"Maj@8 - the verifier's on the quickstart, the best (`{best}`): {gap(best, d=credit)}, "
+         + ("pays" if pays(paired(credit, best, "verifier", 2, maj)) else "does not pay"),
+         "[issue 39](docs/results.md#process-rewards-that-pay-issue-39)"],
+    ]
+    return table(["question", "here: round 2, mean ± SE over seeds", ""], rows) + "\n"
+
+
+def write_region(path: Path, name: str, body: str) -> None:
+    """Put `body` in place of the generated region `name` of the page at `path` (an error naming both if absent)."""
+    text = path.read_text()
+    head, sep, rest = text.partition(f"<!-- generated: {name} -->\n")
+    if not sep or GENERATED_END not in rest:
+        raise ValueError(f"{path}: no region '<!-- generated: {name} -->' ... '{GENERATED_END}'")
+    path.write_text(head + sep + body + GENERATED_END + rest.partition(GENERATED_END)[2])
 
 
 def _log_summary(ex: Experiments, path: Path, img: Path) -> None:

@@ -22,7 +22,7 @@ import yaml
 
 from bench._common import MINI, ROOT
 from pipeline.loading import load_config
-from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic
+from pipeline.rundir import Manifest, read_json, round_dir, round_of, write_json_atomic
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
@@ -283,6 +283,12 @@ def rounds_of(run_dir: Path) -> dict[int, dict]:
     for key, out in Manifest.load(run_dir).data["phases"].items():
         rounds.setdefault(round_of(key.split("/")[0]), {}).update(out.get("metrics", {}))
     return {r: m for r, m in sorted(rounds.items()) if "eval/greedy" in m}
+
+
+def per_problem_of(run_dir: Path) -> dict[int, dict]:
+    """round -> eval.json's `per_problem` (metric -> one value per eval problem), for the rounds that recorded it."""
+    paths = {r: round_dir(run_dir, r) / "eval.json" for r in rounds_of(run_dir)}
+    return {r: pp for r, p in paths.items() if p.exists() and (pp := read_json(p).get("per_problem"))}
 
 
 def stoppable(prog: str, work) -> None:

@@ -65,9 +65,9 @@ def test_best_of_n_section_has_each_rms_pick_and_weighted_vote_from_the_runs(tmp
     assert header == "| " + " | ".join(["N"] + [f"{x} r{r}" for r in (0, 1) for x in labels]) + " |"
     cells = row2.strip("| ").split(" | ")
     # N = 2, round 0: PRM 0.1 and 0.3 -> 0.2; PRM vote 0.2 and 0.4 -> 0.3; ORM vote (i = 3) 0.5.
-    assert cells[:5] == ["2", "0.200 ± 0.141", "0.300 ± 0.141", "0.400 ± 0.141", "0.500 ± 0.141"]
+    assert cells[:5] == ["2", "0.200 ± 0.141 SD", "0.300 ± 0.141 SD", "0.400 ± 0.141 SD", "0.500 ± 0.141 SD"]
     # N = 4, round 1: PRM vote 0.1 + 0.2 + 0.01 + 0.1 = 0.41; random (i = 5) 0.81.
-    assert [row4.strip("| ").split(" | ")[i] for i in (8, 12)] == ["0.410 ± 0.141", "0.810 ± 0.141"]
+    assert [row4.strip("| ").split(" | ")[i] for i in (8, 12)] == ["0.410 ± 0.141 SD", "0.810 ± 0.141 SD"]
     panels = drawn["best_of_n.png"]
     assert [title for title, _, _ in panels] == ["best-of-N, round 0", "best-of-N, round 1"]
     assert list(panels[1][2]) == labels and panels[1][2]["ORM vote"][0] == [2, 4]
@@ -233,8 +233,8 @@ def _credit_unit(figures: Path, task: str, arm: str, seed: int, maj8: dict[int, 
 
 def test_the_credit_study_section_is_rebuilt_from_its_kept_figures_and_survives_the_main_reports_rebuild(tmp_path):
     """The study's section goes before the older sections of results.md, names each arm's per-seed gap to the
-    verifier of the same seed (mean ± std, and in how many seeds it is at or above), and a rebuild of the main
-    report by experiments/report.py keeps it as written."""
+    verifier of the same seed (mean ± SE, in how many seeds it is at or above, the rule's verdict), and a rebuild of
+    the main report by experiments/report.py keeps it as written."""
     import argparse
 
     figures = tmp_path / "docs" / "experiments" / "credit"
@@ -248,7 +248,9 @@ def test_the_credit_study_section_is_rebuilt_from_its_kept_figures_and_survives_
     text = study.report(a, out).read_text()
     assert text.index("## Process rewards that pay") < text.index("## 1. Old") and "old table" in text
     row = [line for line in text.splitlines() if line.startswith("| `oracle-progress` |")][-1]  # the overrides' first
-    assert "| 0.840 / 0.880 / 0.750 |" in row and "| +0.023 ± 0.038 | 2 of 3 |" in row
+    # gaps +0.04, -0.02, +0.05: SD 0.038, SE 0.022; below on one seed of 3, so it does not pay
+    assert "| 0.840 / 0.880 / 0.750 |" in row and "| +0.040 / -0.020 / +0.050 | +0.023 ± 0.022 SE | not kept |" in row
+    assert row.endswith("| 2 of 3 | does not pay | 0.50 |") and study.RULE in text
     assert "### long-chains\n\nNot measured yet." in text
     assert study.report(a, out).read_text() == text  # rebuilt in place, not added again
     verdict = "**What held / what did not:** progress\ncredit held, on one seed."
@@ -260,3 +262,27 @@ def test_the_credit_study_section_is_rebuilt_from_its_kept_figures_and_survives_
     rebuilt = ex.report(runs, "python -m experiments", None, log=False).read_text()
     assert text.partition(study.BEGIN)[2].partition(study.END)[0] in rebuilt
     assert rebuilt.index(study.BEGIN) < rebuilt.index("## 1. ")
+
+
+def test_the_credit_study_gives_the_per_problem_paired_se_where_the_units_kept_per_problem_figures(tmp_path):
+    """Units that kept eval.json's `per_problem` (round -> metric -> one value per problem) get the paired SE over
+    every seed's problems pooled: here 3 seeds x 4 problems, the arm right on one more problem of each seed."""
+    import argparse
+
+    from pipeline.rundir import read_json, write_json_atomic
+
+    figures = tmp_path / "docs" / "experiments" / "credit"
+    for seed in range(3):
+        _credit_unit(figures, "quickstart", "verifier", seed, {0: 0.5, 1: 0.5, 2: 0.5})
+        _credit_unit(figures, "quickstart", "oracle-progress", seed, {0: 0.5, 1: 0.5, 2: 0.75})
+        for arm, per in (("verifier", [1, 0, 1, 0]), ("oracle-progress", [1, 1, 1, 0])):
+            path = figures / "quickstart" / f"{arm}-s{seed}.json"
+            write_json_atomic(path, {**read_json(path), "per_problem": {"2": {"maj@8": per}}})
+    out = tmp_path / "docs" / "results.md"
+    a = argparse.Namespace(runs_dir=str(tmp_path / "runs"), figures=str(figures), rounds=2, smoke=False,
+                           experiment="x", tracking_uri=None, mc_prompts=0)
+    text = study.report(a, out).read_text()
+    row = [line for line in text.splitlines() if line.startswith("| `oracle-progress` |")][-1]
+    # per-problem differences 0, 1, 0, 0 on each seed: mean 0.25, SD 0.452, paired SE 0.452 / sqrt(12) = 0.131;
+    # the per-seed gaps are all +0.25 (SD 0, SE 0): 2 SE above 0 and 3 of 3, so it pays
+    assert "| +0.250 ± 0.131 SE | 3 of 3 | pays |" in row and "Per problem: the differences" in text

@@ -1,0 +1,102 @@
+"""Every figure of docs/results.md's generated regions and of README.md's results is remade from the kept units
+under docs/experiments/ (issue 47, point 8); the study section's hand-written verdicts cite only figures of its
+tables; the spreads and the decision rule are pure functions (experiments/report.py)."""
+
+from __future__ import annotations
+
+import argparse
+import doctest
+import math
+import re
+import shutil
+
+import pytest
+
+from bench._common import ROOT
+from experiments import credit_study as study
+from experiments import report as ex
+from experiments import runner
+
+FIGURE = re.compile(r"(?<![\w.])[+-]?\d+\.\d+")  # a decimal figure, its sign kept (0.16 in "0.16-0.20" too)
+
+
+def regions(text: str) -> dict[str, str]:
+    return dict(ex.GENERATED.findall(text))
+
+
+def rebuilt(tmp_path, monkeypatch) -> str:
+    """docs/results.md as both reports write it again from docs/experiments/ (no plots, no MLflow), in tmp_path."""
+    monkeypatch.chdir(ROOT)  # the header names the figures' folder as given, relative to the repository
+    docs = tmp_path / "docs"
+    (docs / "lab").mkdir(parents=True)
+    shutil.copy(ROOT / "docs" / "results.md", docs / "results.md")
+    shutil.copy(ROOT / "docs" / ex.HISTORY, docs / ex.HISTORY)  # the header links it when it is there
+    a = argparse.Namespace(runs_dir=str(tmp_path / "runs"), seeds=[0, 1, 2], rounds=2, out=str(docs),
+                           figures="docs/experiments", smoke=False, experiment=runner.EXPERIMENT,
+                           tracking_uri=None, mc_prompts=64)
+    ex.report(runner.Experiments(a), "python -m experiments", None, log=False, plots=False)
+    study.report(argparse.Namespace(runs_dir=str(tmp_path / "credit"), figures="docs/experiments/credit",
+                                    rounds=2, smoke=False, experiment="x", tracking_uri=None, mc_prompts=0),
+                 docs / "results.md")
+    return (docs / "results.md").read_text()
+
+
+def test_every_generated_region_is_what_the_reports_make_from_the_kept_figures(tmp_path, monkeypatch):
+    # A figure edited by hand, or kept files changed without a rebuild: `python -m experiments --report-only`,
+    # then `python -m experiments.credit_study --report-only` (each rewrites README's results too).
+    committed = (ROOT / "docs" / "results.md").read_text()
+    made = regions(rebuilt(tmp_path, monkeypatch))
+    assert set(regions(committed)) == set(made) and "credit-quickstart" in made and "results-6" in made
+    for name, body in regions(committed).items():
+        assert body == made[name], f"docs/results.md's region {name!r} differs from what its report makes"
+    readme = regions((ROOT / "README.md").read_text())
+    assert readme["results"] == ex.glance(ROOT / "docs" / "experiments", study.LEARNED)
+
+
+def test_a_figure_edited_inside_a_region_is_found_and_a_missing_region_named(tmp_path, monkeypatch):
+    committed = (ROOT / "docs" / "results.md").read_text()
+    body = regions(committed)["credit-quickstart"]
+    edited = committed.replace(body, body.replace("-0.029 ± 0.005 SE", "-0.019 ± 0.005 SE"))
+    assert edited != committed
+    assert regions(edited)["credit-quickstart"] != regions(rebuilt(tmp_path, monkeypatch))["credit-quickstart"]
+    page = tmp_path / "page.md"
+    page.write_text("# no region\n")
+    with pytest.raises(ValueError, match="page.md: no region '<!-- generated: results -->'"):
+        ex.write_region(page, "results", "x\n")
+
+
+def test_the_study_sections_verdicts_cite_only_figures_of_its_tables():
+    """The hand-written paragraphs of the study's section (outside its regions) name no decimal figure that its
+    generated regions do not hold: a figure without a kept source cannot be written there."""
+    section = (ROOT / "docs" / "results.md").read_text().partition(ex.BEGIN)[2].partition(ex.END)[0]
+    sourced = {f for body in regions(section).values() for f in FIGURE.findall(body)}
+    prose = ex.GENERATED.sub("", section).replace(ex.RULE, "")
+    assert not [f for f in FIGURE.findall(prose) if f not in sourced]
+    assert ex.RULE in section and section.index(ex.RULE) < section.index("### ")  # the rule before any result
+
+
+def test_mean_se_and_paired_se_worked_examples():
+    # [0.70, 0.74, 0.72]: mean 0.72, SD 0.02, SE 0.02 / sqrt(3) = 0.011547
+    mean, se = ex.mean_se([0.70, 0.74, 0.72])
+    assert mean == pytest.approx(0.72, abs=1e-12) and se == pytest.approx(0.02 / math.sqrt(3), abs=1e-12)
+    assert math.isnan(ex.mean_se([0.5])[1])  # one seed: no spread
+    # The same 4 problems: differences 0, 1, 0, 1 -> mean 0.5, SD 0.57735, SE 0.288675; unpaired the arms' own
+    # SEs (0 and 0.25) would not say this.
+    assert ex.paired_se([1, 1, 1, 1], [1, 0, 1, 0]) == pytest.approx((0.5, 0.57735027 / 2), abs=1e-8)
+    with pytest.raises(ValueError, match="3 problems against 2"):
+        ex.paired_se([1, 0, 1], [1, 0])
+    assert ex.fmt_se([0.01, 0.03, 0.02]) == "+0.020 ± 0.006 SE" and ex.fmt_se([]) == "-"
+    assert doctest.testmod(ex).failed == 0
+
+
+@pytest.mark.parametrize("gaps, verdict", [
+    ([0.02, 0.03, 0.01, 0.02, -0.001], True),    # 3.0 SE, 4 of 5 at or above
+    ([0.04, 0.0, 0.0, 0.0, -0.001], False),      # 4 of 5 at or above, but 1.0 SE: not 2
+    ([0.04, 0.05, 0.03, -0.001, -0.001], False),  # 2.2 SE, but 3 of 5 at or above
+    ([0.005, 0.003, 0.008], True),               # 3 seeds: all 3 at or above, 3.7 SE
+    ([0.02, 0.03, -0.001], False),               # 3 seeds, one below
+    ([0.0, 0.0, 0.0], False),                    # a zero effect: mean not above 0
+    ([0.05], False),                             # one seed: no SE
+])
+def test_the_decision_rule(gaps, verdict):
+    assert ex.pays(gaps) is verdict
