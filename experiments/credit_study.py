@@ -34,6 +34,7 @@ from pathlib import Path
 from bench._common import ROOT, table
 from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, pays, with_study, write_region
 from experiments.runner import Experiments, per_problem_of, restart_pinned, rounds_of, stoppable
+from pipeline.evaluate import paired_difference
 from pipeline.loading import load_config
 
 TASKS = {"quickstart": "configs/quickstart.yaml", "long-chains": "configs/long-chains.yaml"}
@@ -112,14 +113,15 @@ def figures(kept: dict[str, dict]) -> dict:
     return data
 
 
-def problem_gaps(arm: dict, base: dict, seeds: list[int], r: int, key: str) -> list[float] | None:
-    """Per-problem differences arm - verifier of `key` at round r, every seed's problems pooled; None unless every
-    seed of both kept them."""
+def problem_gap(arm: dict, base: dict, seeds: list[int], r: int, key: str) -> str:
+    """'+mean ± paired SE SE' of arm - verifier in `key` at round r per eval problem, every seed's problems pooled
+    (`paired_difference`); 'not kept' unless every seed of both kept them."""
     pp = [(arm[s][r].get("per_problem", {}).get(key), base.get(s, {}).get(r, {}).get("per_problem", {}).get(key))
           for s in seeds]
     if not pp or any(a is None or b is None for a, b in pp):
-        return None
-    return [x - y for a, b in pp for x, y in zip(a, b, strict=True)]
+        return "not kept"
+    mean, se = paired_difference([y for _, b in pp for y in b], [x for a, _ in pp for x in a])
+    return f"{mean:+.3f} ± {se:.3f} SE"
 
 
 def task_section(kept: dict[str, dict], last: int) -> list[str]:
@@ -135,12 +137,11 @@ def task_section(kept: dict[str, dict], last: int) -> list[str]:
         cell = lambda key: " / ".join(f"{data[arm][s][last][key]:.3f}" for s in seeds)  # noqa: E731
         share = [data[arm][s][r].get("policy/advantage_mean_share") for s in seeds for r in range(1, last + 1)]
         share = [x for x in share if x is not None]
-        problems = problem_gaps(data[arm], base, paired, last, "maj@8")
         vs = arm != "verifier"
         rows.append([f"`{arm}`", ", ".join(map(str, seeds)), f"{data[arm][seeds[0]][0]['eval/maj@8']:.3f}"
                      if seeds else "-", cell("eval/maj@8"), cell("eval/greedy"), cell("eval/pass@1"),
                      " / ".join(f"{d:+.3f}" for d in diffs) if vs else "-", fmt_se(diffs) if vs else "-",
-                     (fmt_se(problems) if problems is not None else "not kept") if vs else "-",
+                     problem_gap(data[arm], base, paired, last, "maj@8") if vs else "-",
                      f"{sum(d >= 0 for d in diffs)} of {len(diffs)}" if vs else "-",
                      ("pays" if pays(diffs) else "does not pay") if vs else "-",
                      f"{statistics.mean(share):.2f}" if share else "-"])

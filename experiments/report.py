@@ -48,25 +48,14 @@ RULE = ("**The decision rule** (issue 47), fixed before its study's runs: an arm
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
-    """The mean of `xs` and its standard error, SD / sqrt(n) (nan for one value: no spread to read).
+    """The mean of `xs` (per-seed figures) and its standard error, SD / sqrt(n) (nan for one value: no spread to
+    read). Per problem, paired: `pipeline.evaluate.paired_difference`.
 
     >>> mean_se([0.01, 0.03, 0.02])  # SD 0.01, SE 0.01 / sqrt(3)
     (0.02, 0.005773502691896258)
     """
     n = len(xs)
     return statistics.mean(xs), statistics.stdev(xs) / n ** 0.5 if n > 1 else float("nan")
-
-
-def paired_se(arm: list[float], base: list[float]) -> tuple[float, float]:
-    """Mean and SE of the per-problem differences `arm[i] - base[i]`: the same problems, in the same order, in both
-    (a problem's difficulty cancels, so this SE is far smaller than the two arms' own).
-
-    >>> paired_se([1, 1, 0, 1], [1, 0, 0, 1])  # differences 0, 1, 0, 0
-    (0.25, 0.25)
-    """
-    if len(arm) != len(base):
-        raise ValueError(f"paired_se: {len(arm)} problems against {len(base)}: not the same eval problems")
-    return mean_se([a - b for a, b in zip(arm, base)])
 
 
 def seeds_needed(n: int) -> int:

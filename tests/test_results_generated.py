@@ -1,6 +1,6 @@
 """Every figure of docs/results.md's generated regions and of README.md's results is remade from the kept units
 under docs/experiments/ (issue 47, point 8); the study section's hand-written verdicts cite only figures of its
-tables; the spreads and the decision rule are pure functions (experiments/report.py)."""
+tables; the spread over seeds and the decision rule are pure functions (experiments/report.py)."""
 
 from __future__ import annotations
 
@@ -75,16 +75,11 @@ def test_the_study_sections_verdicts_cite_only_figures_of_its_tables():
     assert ex.RULE in section and section.index(ex.RULE) < section.index("### ")  # the rule before any result
 
 
-def test_mean_se_and_paired_se_worked_examples():
+def test_mean_se_worked_examples():
     # [0.70, 0.74, 0.72]: mean 0.72, SD 0.02, SE 0.02 / sqrt(3) = 0.011547
     mean, se = ex.mean_se([0.70, 0.74, 0.72])
     assert mean == pytest.approx(0.72, abs=1e-12) and se == pytest.approx(0.02 / math.sqrt(3), abs=1e-12)
     assert math.isnan(ex.mean_se([0.5])[1])  # one seed: no spread
-    # The same 4 problems: differences 0, 1, 0, 1 -> mean 0.5, SD 0.57735, SE 0.288675; unpaired the arms' own
-    # SEs (0 and 0.25) would not say this.
-    assert ex.paired_se([1, 1, 1, 1], [1, 0, 1, 0]) == pytest.approx((0.5, 0.57735027 / 2), abs=1e-8)
-    with pytest.raises(ValueError, match="3 problems against 2"):
-        ex.paired_se([1, 0, 1], [1, 0])
     assert ex.fmt_se([0.01, 0.03, 0.02]) == "+0.020 ± 0.006 SE" and ex.fmt_se([]) == "-"
     assert doctest.testmod(ex).failed == 0
 
