@@ -13,6 +13,8 @@ verdicts written by hand under its tables (paragraphs opening "**What held") are
   oracle-progress      hybrid: the verifier's outcome advantage + each token's own step's progress (PAV), gold values
   prm-progress         as oracle-progress, the learned PRM's values (the task's PRM: a value head)
   implicit             hybrid (sum credit), the implicit PRM's step values; no Monte-Carlo rollouts at all
+  implicit-prime       PRIME: the implicit PRM's token rewards and the outcome, leave-one-out baselines, returns,
+                       whitened (`process_reward: prime`), the PRM updated online on every batch (issue 47's arm)
   labeltoken-progress  as prm-progress, the PRM reading P('+') from the LM head at a step tag
   <arm>-centred        the arm with supervision.process_centring=group (`--centred ARM`)
   <arm>-w<W>           the arm with supervision.process_weight=W (`--only prm-progress-w3`); -w<W>-centred both
@@ -47,10 +49,14 @@ ARMS = {
     "prm-progress": PROGRESS,
     "implicit": ["supervision.mode=hybrid", "reward_model.kinds=[implicit]", "supervision.process_reward_model=implicit",
                  "collect.rollouts_per_step=0"],
+    # PRIME's online lr is 1e-6 for 7B models; the tiny RM trains offline at 3e-4: 1e-5 sits between, untuned.
+    "implicit-prime": ["supervision.mode=process", "reward_model.kinds=[implicit]",
+                       "supervision.process_reward_model=implicit", "supervision.process_reward=prime",
+                       "reward_model.implicit.online_lr=1e-5", "collect.rollouts_per_step=0"],
     "labeltoken-progress": ["reward_model.head=label_tokens", *PROGRESS],
 }
 CENTRED = "supervision.process_centring=group"
-LEARNED = ("prm-progress", "implicit", "labeltoken-progress")  # the arms whose step values a learned RM gives
+LEARNED = ("prm-progress", "implicit", "implicit-prime", "labeltoken-progress")  # the arms whose step values a learned RM gives
 KEYS = ("eval/maj@8", "eval/greedy", "eval/pass@1")
 
 

@@ -590,7 +590,8 @@ def glance(figures: Path, learned: tuple[str, ...]) -> str:
     def keys_gap(a: str, b: str, r: int) -> str:  # one arm's two metrics, per seed
         return fmt_se([m[r][a] - m[r][b] for m in data["prm"].values()])
 
-    best = max(learned, key=lambda arm: statistics.mean(paired(credit, arm, "verifier", 2, maj)))
+    ran = [arm for arm in learned if paired(credit, arm, "verifier", 2, maj)]  # an arm with no kept unit yet: out
+    best = max(ran, key=lambda arm: statistics.mean(paired(credit, arm, "verifier", 2, maj)))
     he, se = ([statistics.mean(m[str(k)][key] for m in mc) for k in (MC_NS[0], MC_NS[-1])] for key in ("he", "se"))
     rows = [
         ["Process above outcome supervision (DeepSeekMath Fig. 5)?", f"Maj@8 - the verifier's: PRM {gap('prm')}, Online RFT {gap('rft')}",

@@ -208,17 +208,21 @@ def test_every_arm_of_the_credit_study_is_a_config_the_pipeline_accepts():
     what they change: a refused combination would otherwise surface hours into the study."""
     for task, path in study.TASKS.items():
         hybrid = [x for x in study.ARMS if "progress" in x or x == "implicit"]  # a process weight needs hybrid mode
-        for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS if x != "verifier"),
+        # PRIME credits tokens, not steps: its arm has no centred variant (the config refuses one).
+        for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS if x not in ("verifier", "implicit-prime")),
                     *(f"{x}{v}" for x in hybrid for v in ("-w3", "-w0.5-centred"))]:
             cfg = study.load_config(study.ROOT / path, study.overrides(arm))
             s = cfg.supervision
-            assert s.mode == ("outcome" if arm == "verifier" else "process" if arm.startswith("oracle-")
-                              and "progress" not in arm or arm == "oracle" else "hybrid"), (task, arm)
+            assert s.mode == ("outcome" if arm == "verifier" else "process" if arm.removesuffix("-centred")
+                              in ("oracle", "implicit-prime") else "hybrid"), (task, arm)
+            assert (s.process_reward == "prime") == (arm == "implicit-prime"), (task, arm)
             assert (s.process_reward == "progress") == ("progress" in arm), (task, arm)
             assert (s.process_centring == "group") == arm.endswith("-centred"), (task, arm)
             assert s.process_weight == (3.0 if "-w3" in arm else 0.5 if "-w0.5" in arm else 1.0), (task, arm)
         implicit = study.load_config(study.ROOT / path, study.overrides("implicit"))
         assert implicit.collect.rollouts_per_step == 0 and implicit.reward_model.kinds == ["implicit"]
+        prime = study.load_config(study.ROOT / path, study.overrides("implicit-prime"))
+        assert prime.reward_model.implicit.online_lr and prime.collect.rollouts_per_step == 0  # PRIME updates online
 
 
 def _credit_unit(figures: Path, task: str, arm: str, seed: int, maj8: dict[int, float]) -> None:
