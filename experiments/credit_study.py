@@ -44,7 +44,7 @@ TASKS = {"quickstart": "configs/quickstart.yaml", "long-chains": "configs/long-c
 PROGRESS = ["supervision.mode=hybrid", "supervision.process_reward=progress", "supervision.process_credit=step"]
 ARMS = {
     "verifier": ["supervision.mode=outcome"],
-    "oracle": ["reward_model.oracle=gold"],
+    "oracle": ["supervision.mode=process", "reward_model.oracle=gold"],
     "oracle-progress": ["reward_model.oracle=gold", *PROGRESS],
     "prm-progress": PROGRESS,
     "implicit": ["supervision.mode=hybrid", "reward_model.kinds=[implicit]", "supervision.process_reward_model=implicit",

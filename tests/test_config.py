@@ -47,7 +47,7 @@ def test_quickstart_loads_with_trl_checks():
     cfg = load_config(QUICKSTART)
     assert isinstance(cfg, PipelineConfig)
     assert cfg.run.name == "quickstart" and cfg.run.rounds == 2
-    assert cfg.supervision.mode == "process"
+    assert cfg.supervision.mode == "outcome" and cfg.reward_model.kinds == ["prm"]  # the PRM co-trained, in eval
     assert cfg.grpo["num_generations"] == 8
     # "1.0e-5" must arrive as a float (plain YAML 1.1 would give the string '1.0e-5', which TRL would take).
     assert isinstance(cfg.grpo["learning_rate"], float) and 0 < cfg.grpo["learning_rate"] < 1
