@@ -86,6 +86,16 @@ def make_request(problem_set: ProblemSet, problem: Problem, tokenizer, completio
     return LabelRequest(problem, prefixes, continuations, settled, prompt)
 
 
+def success_rate(verdicts: Sequence[bool]) -> float:
+    """The Monte-Carlo value of a step prefix: the share of the rollouts from it that the verifier accepts
+    (Math-Shepherd's soft estimate, VinePPO's value estimate).
+
+    >>> success_rate([True, False, True, True])
+    0.75
+    """
+    return sum(verdicts) / len(verdicts)
+
+
 def _fractions(
     problem_set: ProblemSet, completer: Completer, jobs: list[tuple[int, int]], reqs: list[LabelRequest], n: int
 ) -> list[float]:
@@ -93,9 +103,8 @@ def _fractions(
     if not jobs:
         return []
     rollouts = completer([reqs[r].continuations[k] for r, k in jobs], n)
-    return [
-        sum(problem_set.is_correct(c, reqs[r].problem) for c in conts) / n for (r, k), conts in zip(jobs, rollouts)
-    ]
+    return [success_rate([problem_set.is_correct(c, reqs[r].problem) for c in conts])
+            for (r, k), conts in zip(jobs, rollouts)]
 
 
 def label_exhaustive(problem_set: ProblemSet, completer: Completer, reqs: list[LabelRequest], n: int) -> list[Labels]:

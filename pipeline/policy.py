@@ -13,10 +13,12 @@ cannot express (it always subtracts the group mean). Everything else (loss types
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,7 +38,9 @@ from pipeline.advantages import (
     uniform_group_means,
 )
 from pipeline.config import PipelineConfig, SupervisionConfig
+from pipeline.generation import Continuation, sample
 from pipeline.modes import AdvantageInputs, supervision_mode
+from pipeline.online_mc import McStepScorer
 from pipeline.passthrough import grpo_config
 from pipeline.problems import ProblemSet
 from pipeline.prompts import PromptRenderer, renderer_from_config
@@ -56,6 +60,7 @@ class CompletionSteps:
     text: str  # its ids decoded once: what TRL's reward functions and the PRM read
     ends: list[int]  # index, in its ids, of the token holding each step's end (`steps.step_token_ends`)
     length: int  # its tokens in the loss, eos included; 0 when TRL masked it out (no steps then)
+    ids: list[int] = field(default_factory=list, repr=False)  # its ids[:length]: what online MC rollouts go on from
 
 
 def completion_steps(tokenizer, ids: Sequence[int], length: int, separator: str = STEP_SEPARATOR) -> CompletionSteps:
@@ -76,7 +81,8 @@ def completion_steps(tokenizer, ids: Sequence[int], length: int, separator: str 
     if length == 0:
         return CompletionSteps("", [], 0)
     text, spans = token_spans(tokenizer, list(ids[:length]))
-    return CompletionSteps(text, step_token_ends(spans, text, separator=separator) if text else [length - 1], length)
+    ends = step_token_ends(spans, text, separator=separator) if text else [length - 1]
+    return CompletionSteps(text, ends, length, list(ids[:length]))
 
 
 def dedupe_steps(scores: list[float], ends: list[int]) -> tuple[list[float], list[int]]:
@@ -91,11 +97,18 @@ def dedupe_steps(scores: list[float], ends: list[int]) -> tuple[list[float], lis
     return list(kept.values()), list(kept)
 
 
-def scored_steps(scorer, prompts: Sequence[str], rows: Sequence[CompletionSteps]) -> list[tuple[list[float], list[int]]]:
-    """Each completion's (step scores, step-end tokens) from `scorer` (a PRM, or the gold labels), one step per token
-    (`dedupe_steps`); a completion out of the loss (length 0) is not scored and has no steps."""
+def scored_steps(scorer, prompts: Sequence[str], rows: Sequence[CompletionSteps],
+                 completer=None) -> list[tuple[list[float], list[int]]]:
+    """Each completion's (step scores, step-end tokens) from `scorer` (a PRM, the gold labels, or online MC values),
+    one step per token (`dedupe_steps`); a completion out of the loss (length 0) is not scored and has no steps.
+
+    A scorer that rolls out (`online_mc.McStepScorer`) reads the completions' ids, never their text tokenized again,
+    and samples through `completer` (the trainer's live policy); the others read the text."""
     live = [i for i, r in enumerate(rows) if r.length]
-    by_row = dict(zip(live, scorer.step_scores([prompts[i] for i in live], [rows[i].text for i in live])))
+    texts = [prompts[i] for i in live]
+    got = (scorer.step_values(texts, [rows[i].ids for i in live], completer) if getattr(scorer, "rolls_out", False)
+           else scorer.step_scores(texts, [rows[i].text for i in live]))
+    by_row = dict(zip(live, got))
     return [dedupe_steps(by_row[i], r.ends) if r.length else ([], []) for i, r in enumerate(rows)]
 
 
@@ -232,7 +245,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
         s, mode = self.supervision, "train" if self.model.training else "eval"
         if s.process_reward == "prime":
             return self._prime_advantages(prompts, host_ids, lengths, verifier, all_lengths, group_size, width)
-        steps = scored_steps(self.prm_scorer, prompts, rows)  # a masked completion is not even scored
+        steps = self._scored_steps(prompts, rows)  # a masked completion is not scored
         all_scores, all_ends = gather_object([s for s, _ in steps]), gather_object([e for _, e in steps])
         ends = extend_last_step(all_ends, all_lengths)  # the eos carries the last step's reward
         if s.process_reward == "progress":  # PAV's anchors: V_0 the others' mean outcome, V_K the outcome itself
@@ -248,6 +261,41 @@ class ProcessGRPOTrainer(GRPOTrainer):
         for key, value in process_metrics(all_scores, group_size).items():
             self._metrics[mode][key].append(value)
         return adv
+
+    def _scored_steps(self, prompts: list[str], rows: list[CompletionSteps]) -> list[tuple[list[float], list[int]]]:
+        """`scored_steps` by the trainer's step scorer; online MC's cost logged every step (`process/mc_seconds`, the
+        valuation's wall time, and `process/mc_tokens`, the tokens its rollouts generated: 0 where none was needed)."""
+        if not getattr(self.prm_scorer, "rolls_out", False):
+            return scored_steps(self.prm_scorer, prompts, rows)
+        start, spent = time.perf_counter(), [0]
+        steps = scored_steps(self.prm_scorer, prompts, rows, functools.partial(self._rollouts, spent=spent))
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["process/mc_seconds"].append(time.perf_counter() - start)
+        self._metrics[mode]["process/mc_tokens"].append(float(spent[0]))
+        return steps
+
+    def _rollouts(self, prefixes: list[Continuation], n: int, spent: list[int]) -> list[list[str]]:
+        """`n` whole completions of each step prefix by the live policy, for online MC values (`online_mc`).
+
+        Sampled as GRPO samples (its temperature and top_p, `max_completion_length` tokens in all: a longer one is
+        cut there, as GRPO would have cut it), all prefixes in `batch_size` batches, eval mode and no grad
+        (`generation.sample`), seeded by the run's seed, the step and the process (`mc_seed`: a resumed run draws the
+        same); the trainer's own RNG streams are left as they were. Adds the tokens it generated to `spent[0]`.
+        """
+        from trl.models import unwrap_model_for_generation
+
+        limit, tok, device = self.max_completion_length, self.processing_class, self.accelerator.device
+        room = max(1, limit - min(len(p.completion_ids) for p in prefixes))
+        seed = mc_seed(self.args.seed, self.state.global_step, self.accelerator.process_index)
+        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model,
+              torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])):
+            out = sample(model, tok, prefixes, n, temperature=self.temperature, top_p=self.top_p, max_new_tokens=room,
+                         batch_size=self.prm_scorer.batch_size, seed=seed)
+        texts = [[t if len(ids) <= limit else tok.decode(ids[:limit], skip_special_tokens=True)
+                  for t, ids in zip(row_texts, row_ids)] for row_texts, row_ids in zip(out.texts, out.ids)]
+        spent[0] += out.total_tokens
+        return texts
 
     def _prime_advantages(self, prompts, ids: list[list[int]], lengths: list[int], verifier, all_lengths: list[int],
                           group_size: int, width: int):
@@ -331,8 +379,8 @@ def run_policy_phase(
 
     The reference model is the round's starting policy (π_ref ← π_θ): TRL loads it from the same path.
     `reward_models`: RM kind -> checkpoint, for those the mode and rewards need (`reward_models_needed`):
-    the PRM in process mode, the ORM for an `orm` reward; others are ignored. With `reward_model.oracle:
-    gold` the step rewards are the gold step labels of each prompt's problem (`GoldStepScorer`), no PRM.
+    the PRM in process mode, the ORM for an `orm` reward; others are ignored. With `reward_model.oracle`
+    no PRM gives the step rewards (`step_scorer`).
     """
     # Reward models first: a wrong path or a wrong kind fails before any training.
     scorers = {}
@@ -344,8 +392,7 @@ def run_policy_phase(
     tokenizer = load_tokenizer(str(policy_path))
     data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index,
                          renderer=renderer_from_config(cfg, tokenizer))
-    oracle = cfg.reward_model.oracle == "gold"
-    prm = GoldStepScorer.from_rows(problem_set, data) if oracle else scorers.get(cfg.supervision.process_reward_model)
+    prm = step_scorer(cfg, problem_set, data, tokenizer, scorers)
     check_step_separator(prm, problem_set)
 
     peft_config = policy_peft_config(cfg)
@@ -365,16 +412,44 @@ def run_policy_phase(
     return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history))
 
 
+def step_scorer(cfg: PipelineConfig, problem_set: ProblemSet, data: Dataset, tokenizer,
+                scorers: Mapping[str, SolutionScorer]):
+    """What scores GRPO's steps: with `reward_model.oracle: gold` the gold step labels of each prompt's problem
+    (`GoldStepScorer`), with `mc` online Monte-Carlo values of the policy being trained (`McStepScorer`, K =
+    `reward_model.mc_rollouts`), else the loaded step scorer (`supervision.process_reward_model`; None in a mode
+    without step rewards)."""
+    rm = cfg.reward_model
+    if rm.oracle == "gold":
+        return GoldStepScorer.from_rows(problem_set, data)
+    if rm.oracle == "mc":
+        return McStepScorer.from_rows(problem_set, data, tokenizer, rm.mc_rollouts, cfg.collect.batch_size)
+    return scorers.get(cfg.supervision.process_reward_model)
+
+
+def mc_seed(seed: int, step: int, process: int) -> int:
+    """The seed of online MC's rollouts at a GRPO step on a process: the same for a run resumed at that step.
+
+    >>> mc_seed(0, 3, 0), mc_seed(0, 3, 1), mc_seed(1, 0, 0)
+    (3000, 3001, 1000003000)
+    """
+    return (seed * 1_000_003 + step) * 1000 + process
+
+
 def value_source(cfg: PipelineConfig) -> str:
     """The prover whose step values a process reward reads, named for the logs (PAV: values are one prover's):
-    `oracle:gold`, `prm:<head layout>` (`prm:value`, `prm:label_tokens`...), or the RM kind (`implicit`).
+    `oracle:gold`, `mc:<K>` (online MC, the policy itself with K rollouts a prefix), `prm:<head layout>` (`prm:value`,
+    `prm:label_tokens`...), or the RM kind (`implicit`).
 
     >>> from pipeline.config import PipelineConfig
     >>> value_source(PipelineConfig()), value_source(PipelineConfig(reward_model={"oracle": "gold"}))
     ('prm:value', 'oracle:gold')
+    >>> value_source(PipelineConfig(reward_model={"oracle": "mc", "mc_rollouts": 8}))
+    'mc:8'
     """
     from pipeline.rm_kinds import layout_kinds
 
+    if cfg.reward_model.oracle == "mc":
+        return f"mc:{cfg.reward_model.mc_rollouts}"
     if cfg.reward_model.oracle is not None:
         return f"oracle:{cfg.reward_model.oracle}"
     kind = cfg.supervision.process_reward_model

@@ -152,15 +152,7 @@ class GoldStepScorer:
     @classmethod
     def from_rows(cls, problem_set: ProblemSet, rows: Iterable[Mapping]) -> GoldStepScorer:
         """From GRPO's dataset (`policy.round_prompts`): each row's `prompt_text` and the training problem `prompt_id`."""
-        by_id = {p.id: p for p in problem_set.train}
-        problems: dict[str, Problem] = {}
-        for row in rows:
-            if row["prompt_id"] not in by_id:
-                raise ValueError(f"prompt_id {row['prompt_id']!r}: not a training problem of {problem_set.name}")
-            problem = problems.setdefault(row["prompt_text"], by_id[row["prompt_id"]])
-            if problem.id != row["prompt_id"]:  # one text, two problems: which labels would be ambiguous
-                raise ValueError(f"prompt_id {row['prompt_id']!r} and {problem.id!r} have the same prompt text")
-        return cls(problem_set, problems)
+        return cls(problem_set, problems_by_prompt(problem_set, rows))
 
     def step_scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[list[float]]:
         return [self.labels(p, c) for p, c in zip(prompts, completions)]
@@ -176,6 +168,20 @@ class GoldStepScorer:
             raise ValueError(f"oracle PRM: {len(gold)} gold labels but {len(ends)} steps in {completion[:60]!r} "
                              f"({problem.id}): the problem set splits steps unlike pipeline.steps")
         return [float(v) for v in gold]
+
+
+def problems_by_prompt(problem_set: ProblemSet, rows: Iterable[Mapping]) -> dict[str, Problem]:
+    """Prompt text -> training problem, from GRPO's dataset rows (`policy.round_prompts`: `prompt_text`, `prompt_id`):
+    how a step scorer that judges by the problem finds it from the prompt the trainer hands it."""
+    by_id = {p.id: p for p in problem_set.train}
+    problems: dict[str, Problem] = {}
+    for row in rows:
+        if row["prompt_id"] not in by_id:
+            raise ValueError(f"prompt_id {row['prompt_id']!r}: not a training problem of {problem_set.name}")
+        problem = problems.setdefault(row["prompt_text"], by_id[row["prompt_id"]])
+        if problem.id != row["prompt_id"]:  # one text, two problems: which labels would be ambiguous
+            raise ValueError(f"prompt_id {row['prompt_id']!r} and {problem.id!r} have the same prompt text")
+    return problems
 
 
 def trained_separator(model) -> str:

@@ -181,8 +181,13 @@ def _check_unused_sections(cfg: Any) -> None:
 
 
 def _check_oracle(cfg: Any) -> None:
-    """`reward_model.oracle` stands in for the step scorer: a mode with step rewards, a problem set with gold ones."""
+    """`reward_model.oracle` stands in for the step scorer: a mode with step rewards, and for gold, a problem set with
+    gold step labels; `mc_rollouts` only with the MC oracle."""
     oracle, mode = cfg.reward_model.oracle, cfg.supervision.mode
+    default_k = type(cfg.reward_model).model_fields["mc_rollouts"].default
+    if oracle != "mc" and cfg.reward_model.mc_rollouts != default_k:
+        raise ValueError(f"reward_model.mc_rollouts: {cfg.reward_model.mc_rollouts} is read only with "
+                         f"reward_model.oracle: mc (it is {oracle!r}): set the oracle to mc, or drop mc_rollouts")
     if oracle is None:
         return
     if cfg.supervision.process_reward == "prime":
@@ -192,6 +197,8 @@ def _check_oracle(cfg: Any) -> None:
         raise ValueError(f"reward_model.oracle: {oracle!r} replaces the PRM's step rewards, which only supervision."
                          f"mode {' or '.join(map(repr, step_reward_modes()))} uses, not {mode!r}; "
                          "drop reward_model.oracle or change the mode")
+    if oracle == "mc":  # the verifier judges the rollouts: every problem set has one
+        return
     with_gold = [kind for kind, p in PROBLEM_SETS.items() if p.problem_set.has_gold_step_labels]
     if cfg.problems.kind not in with_gold:
         raise ValueError(f"reward_model.oracle: {oracle!r} needs gold step labels, which problems.kind "

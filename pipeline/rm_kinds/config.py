@@ -80,10 +80,15 @@ class RewardModelSection(Section):
         "checkpoint directory or a hub id, in the layout of `head` (or the one its igrpo.json records, which must be "
         "the same); later rounds train it further (warm_start), and where it would start afresh it starts from "
         "this. None: a new head."))
-    oracle: Literal["gold"] | None = Field(None, description=(
+    oracle: Literal["gold", "mc"] | None = Field(None, description=(
         "gold: GRPO's step rewards are the problem set's exact gold step labels (0/1) instead of the trained "
         "PRM's scores, the upper bound of a perfect PRM (the RMs are still trained and evaluated each round); "
-        "only where the set has gold step labels (the embedded one). None: the PRM's scores."))
+        "only where the set has gold step labels (the embedded one). mc: online Monte-Carlo values (VinePPO): "
+        "each step's value is the share of mc_rollouts completions from its prefix, sampled by the policy being "
+        "trained, that the verifier accepts (any problem set). None: the PRM's scores."))
+    mc_rollouts: int = Field(4, ge=1, description=(
+        "oracle: mc only: the completions (K) sampled from each step prefix of every GRPO completion to estimate "
+        "its value; the cost of a GRPO step grows about K times the prefixes' remaining tokens."))
 
     @field_validator("kinds")
     @classmethod
