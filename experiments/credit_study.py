@@ -11,6 +11,8 @@ verdicts written by hand under its tables (paragraphs opening "**What held") are
   verifier             GRPO, outcome supervision by the verifier (the baseline every gap is taken against)
   oracle               process supervision, the gold step labels as the step values (DeepSeekMath's sum credit)
   oracle-progress      hybrid: the verifier's outcome advantage + each token's own step's progress (PAV), gold values
+  mc-progress          as oracle-progress, online Monte-Carlo values (VinePPO: 4 rollouts of the current policy from
+                       each step prefix, during GRPO; no learned RM in GRPO)
   prm-progress         as oracle-progress, the learned PRM's values (the task's PRM: a value head)
   implicit             hybrid (sum credit), the implicit PRM's step values; no Monte-Carlo rollouts at all
   implicit-prime       PRIME: the implicit PRM's token rewards and the outcome, leave-one-out baselines, returns,
@@ -21,7 +23,7 @@ verdicts written by hand under its tables (paragraphs opening "**What held") are
 
 Run from the repository root, pinned to the AVX2 kernels at 2 threads (as `python -m experiments`):
 
-  python -m experiments.credit_study --tasks quickstart --seeds 0            # one seed's six arms
+  python -m experiments.credit_study --tasks quickstart --seeds 0            # one seed's seven arms
   python -m experiments.credit_study --tasks long-chains --seeds 0 --only verifier --only oracle-progress
   python -m experiments.credit_study --report-only
 """
@@ -46,6 +48,7 @@ ARMS = {
     "verifier": ["supervision.mode=outcome"],
     "oracle": ["supervision.mode=process", "reward_model.oracle=gold"],
     "oracle-progress": ["reward_model.oracle=gold", *PROGRESS],
+    "mc-progress": ["reward_model.oracle=mc", "reward_model.mc_rollouts=4", *PROGRESS],
     "prm-progress": PROGRESS,
     "implicit": ["supervision.mode=hybrid", "reward_model.kinds=[implicit]", "supervision.process_reward_model=implicit",
                  "collect.rollouts_per_step=0"],
