@@ -267,29 +267,31 @@ class ProcessGRPOTrainer(GRPOTrainer):
         valuation's wall time, and `process/mc_tokens`, the tokens its rollouts generated: 0 where none was needed)."""
         if not getattr(self.prm_scorer, "rolls_out", False):
             return scored_steps(self.prm_scorer, prompts, rows)
+        from trl.models import unwrap_model_for_generation
+
         start, spent = time.perf_counter(), [0]
-        steps = scored_steps(self.prm_scorer, prompts, rows, functools.partial(self._rollouts, spent=spent))
+        # Every process unwraps every step, rollouts or none: under ZeRO-3 the weights' gather is collective.
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model:
+            steps = scored_steps(self.prm_scorer, prompts, rows,
+                                 functools.partial(self._rollouts, model=model, spent=spent))
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["process/mc_seconds"].append(time.perf_counter() - start)
         self._metrics[mode]["process/mc_tokens"].append(float(spent[0]))
         return steps
 
-    def _rollouts(self, prefixes: list[Continuation], n: int, spent: list[int]) -> list[list[str]]:
-        """`n` whole completions of each step prefix by the live policy, for online MC values (`online_mc`).
+    def _rollouts(self, prefixes: list[Continuation], n: int, model, spent: list[int]) -> list[list[str]]:
+        """`n` whole completions of each step prefix by the live policy (`model`, unwrapped), for online MC values.
 
         Sampled as GRPO samples (its temperature and top_p, `max_completion_length` tokens in all: a longer one is
         cut there, as GRPO would have cut it), all prefixes in `batch_size` batches, eval mode and no grad
         (`generation.sample`), seeded by the run's seed, the step and the process (`mc_seed`: a resumed run draws the
         same); the trainer's own RNG streams are left as they were. Adds the tokens it generated to `spent[0]`.
         """
-        from trl.models import unwrap_model_for_generation
-
         limit, tok, device = self.max_completion_length, self.processing_class, self.accelerator.device
         room = max(1, limit - min(len(p.completion_ids) for p in prefixes))
         seed = mc_seed(self.args.seed, self.state.global_step, self.accelerator.process_index)
-        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model,
-              torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             out = sample(model, tok, prefixes, n, temperature=self.temperature, top_p=self.top_p, max_new_tokens=room,
                          batch_size=self.prm_scorer.batch_size, seed=seed)
         texts = [[t if len(ids) <= limit else tok.decode(ids[:limit], skip_special_tokens=True)

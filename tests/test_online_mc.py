@@ -154,9 +154,9 @@ class Spy:
             self.values[-1].append(out := values(scorer, prompts, completion_ids, completer))
             return out
 
-        def rolled(trainer, prefixes, n, spent):
+        def rolled(trainer, prefixes, n, **kwargs):
             before = (trainer.model.training, torch.get_rng_state())
-            out = rollouts(trainer, prefixes, n, spent)
+            out = rollouts(trainer, prefixes, n, **kwargs)
             self.rollouts[-1].append(([c.completion_ids for c in prefixes], n, out, before[0], trainer.model.training,
                                       torch.equal(before[1], torch.get_rng_state())))
             return out
