@@ -342,3 +342,7 @@ def test_a_phase_stopped_under_the_release_before_resumes_its_checkpoints_after_
 
     kept = _as_fingerprinted({"supervision": {"prime_outcome_coef": 1.0, "prime_process_coef": 5.0}})
     assert kept["supervision"] == {"prime_outcome_coef": 1.0}
+    online_mc = {"oracle": "mc", "mc_rollouts": 4}  # K at its default is left out, as the older release had no K
+    assert _as_fingerprinted({"reward_model": online_mc})["reward_model"] == {"oracle": "mc"}
+    assert fingerprint(PipelineConfig(reward_model={**online_mc, "mc_rollouts": 8}), "policy", 1, policy="p") != \
+        fingerprint(PipelineConfig(reward_model=online_mc), "policy", 1, policy="p")
