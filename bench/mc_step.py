@@ -8,7 +8,7 @@ of the same repeat, the median over repeats (min-max): the factor by which the M
 the verifier arm takes in the MC arm's wall-clock. Then the MC valuation's own cost per GRPO completion
 (`process/mc_seconds`, `process/mc_tokens`) beside the collection's labelling cost per sample on the same policy
 (its sampling settings, K rollouts, exhaustive and the config's strategy), the labelling a learned PRM pays for.
-  Run: python -m bench.mc_step [--repeats 3 --steps 6 --k 4]          # ~3 min on 2 cores
+  Run: OMP_NUM_THREADS=1 python -m bench.mc_step [--repeats 3 --steps 6 --k 4]   # 1.5-3 min on 2 shared cores
 """
 
 from __future__ import annotations
