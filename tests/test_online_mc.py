@@ -121,6 +121,9 @@ def test_the_mc_oracle_loads_in_the_modes_with_step_rewards_on_any_problem_set()
     ({"reward_model": {"oracle": "gold", "mc_rollouts": 2}}, "reward_model.mc_rollouts: 2 is read only with"),
     ({"supervision": {"mode": "outcome"}, "reward_model": {"oracle": "mc"}},
      "reward_model.oracle: 'mc' replaces the PRM's step rewards, which only supervision.mode 'process' or 'hybrid'"),
+    ({"supervision": {"process_reward": "prime", "process_reward_model": "implicit"}, "collect": {"rollouts_per_step": 0},
+      "reward_model": {"kinds": ["implicit"], "oracle": "mc"}},
+     "reward_model.oracle: 'mc' gives step values, and process_reward: prime needs the implicit PRM's token rewards"),
 ])
 def test_the_mc_fields_refused_where_nothing_would_read_them(data, says):
     message = error_of(data)

@@ -191,7 +191,7 @@ def _check_oracle(cfg: Any) -> None:
     if oracle is None:
         return
     if cfg.supervision.process_reward == "prime":
-        raise ValueError(f"reward_model.oracle: {oracle!r} gives step labels, and process_reward: prime needs the "
+        raise ValueError(f"reward_model.oracle: {oracle!r} gives step values, and process_reward: prime needs the "
                          "implicit PRM's token rewards: drop the oracle, or use process_reward: progress")
     if not supervision_mode(mode).step_rewards:
         raise ValueError(f"reward_model.oracle: {oracle!r} replaces the PRM's step rewards, which only supervision."
