@@ -23,7 +23,7 @@ verdicts written by hand under its tables (paragraphs opening "**What held") are
 
 Run from the repository root, pinned to the AVX2 kernels at 2 threads (as `python -m experiments`):
 
-  python -m experiments.credit_study --tasks quickstart --seeds 0            # one seed's seven arms
+  python -m experiments.credit_study --tasks quickstart --seeds 0            # one seed's eight arms
   python -m experiments.credit_study --tasks long-chains --seeds 0 --only verifier --only oracle-progress
   python -m experiments.credit_study --report-only
 """
