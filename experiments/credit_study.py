@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from bench._common import ROOT, table
+from experiments import quickstart_seeds
 from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, pays, with_study, write_region
 from experiments.runner import Experiments, per_problem_of, restart_pinned, rounds_of, stoppable
 from pipeline.evaluate import paired_difference
@@ -178,7 +179,7 @@ def report(a: argparse.Namespace, out: Path) -> Path:
           f"{a.rounds} RL rounds on the task's config (its budgets, `configs/<task>.yaml`) plus the arm's overrides:",
           "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
                      + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]])]),
-          ""]
+          "", "### The quickstart learns (issue 47)", "", *region("quickstart-learns", quickstart_seeds.section()), ""]
     for task in TASKS:
         if not (units := kept[task]):
             md += [f"### {task}", "", "Not measured yet.", ""]
