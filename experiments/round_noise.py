@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from models.factories import load_tokenizer
 from pipeline.eval_phase import held_out_problems
 from pipeline.evaluate import evaluate_policy, maj_at_k
-from pipeline.generation import load_sampling_model
+from pipeline.fanout import open_sampler
 from pipeline.loading import config_from_dict
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
@@ -37,11 +38,10 @@ from pipeline.rundir import RunDir
 def per_problem(cfg, problem_set, problems: list, policy: Path, seed: int) -> dict[str, np.ndarray]:
     """Greedy correctness, Pass@1 and Maj@n of each problem (0/1 or expected values), as the eval phase samples."""
     e = cfg.eval
-    model, tokenizer = load_sampling_model(str(policy), e.backend, e.vllm_args)
-    render = renderer_from_config(cfg, tokenizer).render
-    ev = evaluate_policy(model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
-                         top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=seed,
-                         prompts=[render(p) for p in problems])
+    render = renderer_from_config(cfg, load_tokenizer(str(policy))).render
+    with open_sampler(str(policy), e, cfg.collect) as sampler:
+        ev = evaluate_policy(sampler, problem_set, problems, n=e.samples_per_problem, seed=seed,
+                             prompts=[render(p) for p in problems])
     n = e.samples_per_problem
     return {
         "greedy": np.array(ev.greedy_correct, float),

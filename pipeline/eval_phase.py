@@ -55,21 +55,20 @@ def run_eval_phase(
     The sample tables (`tracking.sample_table_rows` rows; `pipeline.sample_tables`) come with the result:
     `eval` always, `collect` with the monitor, each with the scores computed here.
     """
-    from pipeline.generation import load_sampling_model
+    from models.factories import load_tokenizer
+    from pipeline.fanout import open_sampler
     from pipeline.reward_model import load_scorer
 
     e = cfg.eval
     reward_models, trained_against = (_in_order(d or {}, cfg.reward_model.kinds) for d in (reward_models, trained_against))
     problem_set = problem_set_from_config(cfg)
     problems = held_out_problems(cfg, problem_set)
-    model, tokenizer = load_sampling_model(str(policy_path), e.backend, e.vllm_args)
-    render = renderer_from_config(cfg, tokenizer).render
+    render = renderer_from_config(cfg, load_tokenizer(str(policy_path))).render
     rendered = [render(p) for p in problems]  # what the RMs score after, too
-    ev = evaluate_policy(
-        model, tokenizer, problem_set, problems, n=e.samples_per_problem, temperature=e.temperature,
-        top_p=e.top_p, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size, seed=cfg.run.seed + round_index,
-        prompts=rendered,
-    )
+    # Over collection's workers (`collect.workers`, its task runner), with the same samples as in this process.
+    with open_sampler(str(policy_path), e, cfg.collect) as sampler:
+        ev = evaluate_policy(sampler, problem_set, problems, n=e.samples_per_problem, seed=cfg.run.seed + round_index,
+                             prompts=rendered)
     metrics = {f"eval/{k}": v for k, v in ev.metrics.items()}
     scorers = {kind: load_scorer(kind, path, cfg.reward_model, e.batch_size) for kind, path in reward_models.items()}
 

@@ -312,30 +312,23 @@ def judged(problem_set, texts: Sequence[str], problem) -> tuple[list[str | None]
 
 
 def evaluate_policy(
-    model,
-    tokenizer,
+    sampler,
     problem_set,
     problems: Sequence,
     *,
     n: int,
-    temperature: float = 0.7,
-    top_p: float = 1.0,
-    max_new_tokens: int = 64,
-    batch_size: int = 64,
     seed: int = 0,
     prompts: Sequence[str] | None = None,
 ) -> PolicyEval:
     """Greedy accuracy, and Pass@K / Maj@K for K in 1, 2, 4, ... <= n from n samples per problem.
 
-    `model` is an HF causal LM or a `vllm.LLM` (`generation.load_sampling_model` with `eval.backend`).
+    `sampler(prompts, n, seed=..., greedy=..., desc=...) -> Samples`: the policy with the eval section's sampling
+    settings, in this process or over workers (`fanout.open_sampler`), the same samples either way.
     `prompts`: the text each problem is sampled after (`PromptRenderer.render`; default its plain prompt).
     """
-    from pipeline.generation import sample
-
     prompts = list(prompts) if prompts is not None else [p.prompt for p in problems]
-    opts = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
-    greedy = sample(model, tokenizer, prompts, 1, greedy=True, desc="eval greedy", **opts)
-    sampled = sample(model, tokenizer, prompts, n, temperature=temperature, top_p=top_p, desc="eval samples", **opts)
+    greedy = sampler(prompts, 1, greedy=True, seed=seed, desc="eval greedy")
+    sampled = sampler(prompts, n, seed=seed, desc="eval samples")
     judgements = [judged(problem_set, texts, p) for texts, p in zip(sampled.texts, problems)]
     answers, correct = [a for a, _ in judgements], [c for _, c in judgements]
     greedy_correct = [problem_set.is_correct(t[0], p) for t, p in zip(greedy.texts, problems)]

@@ -8,7 +8,9 @@ same seed. Each worker loads the policy from its path once and keeps it for the 
 
 Threads share torch's RNG, so their generate calls take turns (`generation._RNG_LOCK`): the thread
 runner is for tests and for I/O-bound engines; Ray runs one process per worker, each with its own GPU
-when `gpus_per_worker` is 1.
+when `gpus_per_worker` is 1. Ray spreads the shards over the cluster's nodes, and retries a shard whose node
+dies on the nodes left (Ray's task retries on a worker's or a node's death): a shard is a pure function of
+its batches and seeds, so the retried one is the same.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipeline.config import CollectConfig
+from pipeline.config import CollectConfig, SamplingConfig
 from pipeline.generation import Batch, Samples, assemble, generate_batches, load_sampling_model, plan_batches, sample
-from pipeline.registry import load_plugins
+from pipeline.registry import load_plugins, plugin_env
 
 # sampler(prompts, n, seed=..., desc=...) -> Samples: what the collection phase generates with.
 Sampler = Callable[..., Samples]
@@ -75,27 +77,36 @@ def _task_runner(c: CollectConfig):
     if c.task_runner == "ray":
         from prefect_ray import RayTaskRunner  # the [ray] extra; the config refuses task_runner ray without it
 
-        return RayTaskRunner(address=c.ray_address, init_kwargs=dict(c.ray_init) or None)
+        return RayTaskRunner(address=c.ray_address, init_kwargs=ray_init_kwargs(c.ray_init))
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=c.workers)
 
 
+def ray_init_kwargs(ray_init: dict[str, Any]) -> dict[str, Any]:
+    """`ray.init`'s arguments: `ray_init`, and this process's plugin path in the job's environment (`plugin_env`),
+    so each worker's `load_plugins` finds what this process's does."""
+    runtime_env = dict(ray_init.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**plugin_env(), **runtime_env.get("env_vars", {})}
+    return {**ray_init, "runtime_env": runtime_env}
+
+
 @contextlib.contextmanager
-def open_sampler(path: str, c: CollectConfig) -> Iterator[Sampler]:
-    """A sampler over the policy at `path` with `c`'s settings: in this process, or over `c.workers` workers.
+def open_sampler(path: str, c: SamplingConfig, fanout: CollectConfig | None = None) -> Iterator[Sampler]:
+    """A sampler over the policy at `path` with `c`'s settings: in this process, or over `fanout.workers` workers.
+
+    Args:
+        c: how to sample (temperature, lengths, batch size, engine): collection's or evaluation's section.
+        fanout: where (workers, task runner, Ray): collection's section, which evaluation shares; None: `c`.
 
     The task runner (a Ray cluster, a thread pool) lives as long as the `with` block, so the phase's
     sampling and MC rollout calls share it and its loaded models.
     """
+    f = fanout or c
     opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens)
-    if c.workers == 1:
+    if f.workers == 1:
         model, tokenizer = load_sampling_model(path, c.backend, c.vllm_args)
-
-        def local(prompts: list[str], n: int, *, seed: int, greedy: bool = False, desc: str | None = None) -> Samples:
-            return sample(model, tokenizer, prompts, n, batch_size=c.batch_size, greedy=greedy, seed=seed, desc=desc, **opts)
-
-        yield local
+        yield functools.partial(sample, model, tokenizer, batch_size=c.batch_size, **opts)
         return
 
     from prefect import task
@@ -103,18 +114,18 @@ def open_sampler(path: str, c: CollectConfig) -> Iterator[Sampler]:
 
     shard_task = task(generate_shard, name="sample-shard", cache_policy=NO_CACHE, persist_result=False)
     stamp = os.stat(path).st_mtime_ns
-    with _task_runner(c) as runner:
+    with _task_runner(f) as runner:
 
         def sharded(prompts: list[str], n: int, *, seed: int, greedy: bool = False, desc: str | None = None) -> Samples:
             start = time.perf_counter()
-            runs = split_batches(plan_batches(prompts, n, c.batch_size), c.workers)
+            runs = split_batches(plan_batches(prompts, n, c.batch_size), f.workers)
             futures = []
             for run in runs:
                 needed = {i: prompts[i] for _, jobs in run for i, _ in jobs}
                 params = dict(path=str(path), stamp=stamp, backend=c.backend, vllm_args=c.vllm_args, prompts=needed,
                               batches=run, opts=dict(opts, greedy=greedy, seed=seed))
-                futures.append(_submit(runner, shard_task, params, c))
-            generated = [row for f in futures for row in f.result()]
+                futures.append(_submit(runner, shard_task, params, f))
+            generated = [row for future in futures for row in future.result()]
             return assemble(len(prompts), n, generated, time.perf_counter() - start)
 
         try:
@@ -124,9 +135,11 @@ def open_sampler(path: str, c: CollectConfig) -> Iterator[Sampler]:
 
 
 def _submit(runner, shard_task, params: dict[str, Any], c: CollectConfig):
-    if c.task_runner == "ray" and c.gpus_per_worker:
-        from prefect_ray.context import remote_options
+    if c.task_runner != "ray":
+        return runner.submit(shard_task, params)
+    from prefect_ray.context import remote_options
 
-        with remote_options(num_gpus=c.gpus_per_worker):
-            return runner.submit(shard_task, params)
-    return runner.submit(shard_task, params)
+    # SPREAD: the shards over the nodes; Ray's default packs tasks onto a node until half its CPUs are busy.
+    options = {"scheduling_strategy": "SPREAD", **({"num_gpus": c.gpus_per_worker} if c.gpus_per_worker else {})}
+    with remote_options(**options):
+        return runner.submit(shard_task, params)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping
@@ -135,3 +136,11 @@ def load_plugins() -> None:
                               f"failed to load: {type(e).__name__}: {e}") from e
         _loaded.add(key)
     _scanned = tuple(sys.path)
+
+
+def plugin_env() -> dict[str, str]:
+    """The environment variables a process started elsewhere (a Ray worker, on this node or another) needs to see
+    this process's plugins: its PYTHONPATH, where a plugin installed beside the project's checkout is found.
+    `accelerate launch`'s processes inherit it; Ray's workers inherit their node's, so Ray is given it."""
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": path} if path else {}

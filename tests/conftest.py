@@ -155,6 +155,47 @@ def mlflow_schema_once(tmp_path_factory):
     db_utils._initialize_tables = build
 
 
+# Each node of the test cluster: one CPU (so two shards or two training workers need both nodes), a small object
+# store; the head without a dashboard, and a node found dead within ~2 s of its raylet's death (Ray's default: 30 s).
+RAY_NODE = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
+RAY_HEAD = {**RAY_NODE, "include_dashboard": False,
+            "_system_config": {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
+                               "health_check_failure_threshold": 3}}
+
+
+@pytest.fixture(scope="session")
+def _ray_nodes():
+    """A Ray cluster of two nodes on this machine (Ray's own `cluster_utils.Cluster`, as Ray's tests make one: a head
+    and an added node, each its own raylet), started by the first test that needs it, stopped by its pids at the end.
+    Its temp dir is its own (and short: Ray's socket paths are limited to ~100 characters)."""
+    pytest.importorskip("prefect_ray")
+    import shutil
+    import tempfile
+
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="igrpo-ray-", dir="/tmp")
+    cluster = Cluster(initialize_head=True, head_node_args={**RAY_HEAD, "temp_dir": temp})
+    try:
+        cluster.add_node(**RAY_NODE)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()  # each node's processes, by their pids
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster(_ray_nodes, monkeypatch):
+    """The session's two-node Ray cluster, joined as `ray_address: auto` finds it (RAY_ADDRESS, which `ray start
+    --head` leaves for the processes of its node); two nodes again after a test that removed one."""
+    monkeypatch.setenv("RAY_ADDRESS", _ray_nodes.address)
+    yield _ray_nodes
+    if len(_ray_nodes.list_all_nodes()) < 2:
+        _ray_nodes.add_node(**RAY_NODE)
+        _ray_nodes.wait_for_nodes()
+
+
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory):
     """One ephemeral Prefect server for the whole session (it costs seconds to start)."""

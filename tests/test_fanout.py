@@ -7,13 +7,20 @@ process gives.
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 from pipeline.fanout import split_batches
 from pipeline.generation import assemble, batch_seed, generate_batches, plan_batches, sample
 from pipeline.loading import config_from_dict
 from pipeline.replay import read_shard
-from tests.helpers import mini_config
+from tests.helpers import child_env, mini_config, plugin_distribution
 
 # --- the batch plan -------------------------------------------------------------------------------------
 
@@ -75,7 +82,7 @@ def _collect(tmp_path, policy_dir, name: str, **collect) -> list[dict]:
     assert res.metrics["collect/rollouts"] > 0  # the MC rollout stage was exercised, not only the samples
     share = res.metrics["collect/imputed_label_share"]  # logged every round; only first_error imputes
     assert share == 0.0 if cfg.collect.strategy == "exhaustive" else 0.0 <= share < 1.0
-    return read_shard(res.shard_path)
+    return Path(res.shard_path)
 
 
 @pytest.mark.slow  # the session's Prefect server: ~20 s to start, kept out of `-m "not slow"`
@@ -87,21 +94,91 @@ def test_two_thread_workers_write_the_single_worker_shard(prefect_harness, tmp_p
     # Inside a Prefect task, as the flow runs the phase: the shards are tasks submitted from that task.
     in_task = task(_collect, name="collect-phase")
     two = in_task(tmp_path, tiny_policy_dir, "two", strategy=strategy, workers=2, task_runner="thread")
-    assert len(one) == 8 and two == one
+    assert len(read_shard(one)) == 8 and read_shard(two) == read_shard(one)
 
 
-@pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
-def test_two_ray_workers_write_the_single_worker_shard(prefect_harness, tmp_path, tiny_policy_dir, monkeypatch):
-    pytest.importorskip("prefect_ray")
+# An installed plugin that records, in each process that loads the plugins, the Ray node it runs on: Ray's workers
+# find it only on the path the pipeline's process gives them (`fanout.ray_init_kwargs`), and load it only if the
+# sample-shard task calls `load_plugins`. One file per worker process: NODE_ID-PID.
+WHERE = {"where_plugin/__init__.py": """import os
+import pathlib
+
+import ray
+
+if ray.is_initialized():
+    folder = pathlib.Path(__file__).parents[1] / "nodes"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{ray.get_runtime_context().get_node_id()}-{os.getpid()}").touch()
+"""}
+
+
+@pytest.fixture
+def ray_nodes_seen(tmp_path, monkeypatch):
+    """The folder where Ray's workers record their node (WHERE), the plugin on the path this process gives them."""
+    site = plugin_distribution(tmp_path / "site", "where-plugin", WHERE, "where = where_plugin")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([child_env()["PYTHONPATH"], str(site)]))
+    return site / "nodes"
+
+
+def _nodes(folder: Path) -> set[str]:
+    return {p.name.rsplit("-", 1)[0] for p in folder.iterdir()} if folder.exists() else set()
+
+
+RAY = {"workers": 2, "task_runner": "ray", "ray_address": "auto"}  # joins the cluster RAY_ADDRESS names
+
+
+@pytest.mark.slow  # a Ray cluster of two nodes (the session's), each job's workers loading the policy
+def test_two_ray_nodes_write_the_single_worker_shard_and_eval_figures(prefect_harness, ray_cluster, ray_nodes_seen,
+                                                                       tmp_path, tiny_policy_dir, monkeypatch):
     import pipeline.fanout
+    from pipeline.eval_phase import run_eval_phase
 
     loads = []
     load = pipeline.fanout.load_sampling_model
     monkeypatch.setattr(pipeline.fanout, "load_sampling_model", lambda *a: loads.append(a) or load(*a))
+    nodes = {n.node_id for n in ray_cluster.list_all_nodes()}
     one = _collect(tmp_path, tiny_policy_dir, "one", strategy="first_error")
-    # A local Ray: 2 CPUs, a small object store, no dashboard (startup is the slow part on 2 cores).
-    ray_init = {"num_cpus": 2, "object_store_memory": 80 * 2**20, "include_dashboard": False}
-    two = _collect(tmp_path, tiny_policy_dir, "ray", strategy="first_error", workers=2, task_runner="ray", ray_init=ray_init)
-    assert two == one
+    two = _collect(tmp_path, tiny_policy_dir, "ray", strategy="first_error", **RAY)
+    assert two.read_bytes() == one.read_bytes()
+    assert len(nodes) == 2 and _nodes(ray_nodes_seen) == nodes  # the shards ran on both nodes, plugins loaded
     # Only the single-worker run loaded the policy in this process: Ray's workers loaded their own.
     assert len(loads) == 1
+
+    # Evaluation over the same workers: the same samples, hence the same figures and sample table. Batches of 4:
+    # the greedy call's 8 prompts and the 8 x 4 samples each make 2 shards or more.
+    shutil.rmtree(ray_nodes_seen)
+    evals = [run_eval_phase(config_from_dict(mini_config(tmp_path / name, collect=collect, eval={"batch_size": 4}),
+                                             check_trl=False), tiny_policy_dir, 1)
+             for name, collect in (("eval-one", {}), ("eval-ray", RAY))]
+    timing = "eval/completions_per_s"
+    assert {k: v for k, v in evals[1].metrics.items() if k != timing} == {
+        k: v for k, v in evals[0].metrics.items() if k != timing}
+    assert evals[1].tables == evals[0].tables and len(evals[0].tables["eval"]) > 0
+    assert _nodes(ray_nodes_seen) == nodes
+
+
+@pytest.mark.slow  # the session's two Ray nodes; one of them killed and replaced
+def test_a_ray_node_killed_during_collection_leaves_the_same_shard(prefect_harness, ray_cluster, ray_nodes_seen,
+                                                                    tmp_path, tiny_policy_dir):
+    """The added node's raylet killed (SIGKILL, by its pid) as its worker starts a shard: Ray retries the shard's
+    task on the head, the one node left, and the shard is the one an unkilled run writes."""
+    head, added = ray_cluster.list_all_nodes()
+    raylet = added.all_processes["raylet"][0].process
+
+    def kill_when_it_works():
+        deadline = time.monotonic() + 120
+        while added.node_id not in _nodes(ray_nodes_seen) and time.monotonic() < deadline:
+            time.sleep(0.02)  # a shard's model load alone takes longer
+        os.kill(raylet.pid, signal.SIGKILL)
+
+    one = _collect(tmp_path, tiny_policy_dir, "one", strategy="first_error")
+    killer = threading.Thread(target=kill_when_it_works, daemon=True)
+    killer.start()
+    try:
+        two = _collect(tmp_path, tiny_policy_dir, "ray", strategy="first_error", **RAY)
+        killer.join()
+    finally:
+        ray_cluster.remove_node(added, allow_graceful=False)  # what is left of it, by pid; the fixture adds another
+    assert raylet.poll() is not None  # it was killed during the collection, which finished all the same
+    assert _nodes(ray_nodes_seen) == {head.node_id, added.node_id}  # a shard began on the added node, then it died
+    assert two.read_bytes() == one.read_bytes()
