@@ -289,16 +289,29 @@ def accelerate_config_path(config_file: str) -> Path:
 
 
 class LauncherConfig(Section):
-    kind: Literal["local", "accelerate"] = Field(
-        "local", description="'local': the GRPO and RM phases train in this process; 'accelerate': under `accelerate launch`."
-    )
+    kind: Literal["local", "accelerate", "ray"] = Field("local", description=(
+        "'local': the GRPO and RM phases train in this process; 'accelerate': under `accelerate launch`; 'ray': as a "
+        "Ray Train TorchTrainer job on the cluster at `ray_address`, `num_processes` workers (the [ray] extra)."))
     config_file: str | None = Field(
         None, description="Accelerate config YAML (configs/accelerate/*.yaml; None: accelerate's default config)."
     )
-    num_processes: int | None = Field(None, ge=1, description="Processes to launch (overrides the config file's).")
+    num_processes: int | None = Field(None, ge=1, description=(
+        "Processes to launch (overrides the config file's); kind ray: its workers (None: one per live node)."))
     extra_args: list[str] = Field(
         default_factory=list, description="More `accelerate launch` arguments, e.g. ['--main_process_port', '29600']."
     )
+    ray_address: str | None = Field(None, description=(
+        "kind ray: the Ray cluster to join ('auto': the one `ray start` or RAY_ADDRESS names on this node; None: "
+        "that one if there is one, else a local Ray)."))
+
+    @model_validator(mode="after")
+    def _one_launchers_fields(self):
+        theirs = {"ray": ("config_file", "extra_args"), "accelerate": ("ray_address",), "local": ("ray_address",)}
+        wrong = [f"launcher.{name}" for name in theirs[self.kind] if name in self.model_fields_set and getattr(self, name)]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)} set, but launcher.kind is {self.kind!r}, which does not read it; "
+                             "remove it or change launcher.kind")
+        return self
 
     @field_validator("config_file")
     @classmethod

@@ -1,4 +1,5 @@
-"""The launchable phases (`pipeline.phases.PHASES`: policy, reward_model) under `accelerate launch`: DDP or ZeRO.
+"""The launchable phases (`pipeline.phases.PHASES`: policy, reward_model) under `accelerate launch` (DDP or ZeRO) or
+as a Ray Train job.
 
 With `launcher.kind: accelerate`, `launch_phase` (in the pipeline's process) writes the config, the
 phase's arguments and its MLflow run ids to a work directory and starts
@@ -11,28 +12,35 @@ main process writes the phase's result to `WORK_DIR/result.json` (atomically), w
 back. MLflow: the tracking URI and the experiment travel in the environment, the run ids in the request;
 the main process makes the runs active around the trainers, as the in-process path does, so Trainer's own
 metrics land in the round's phase run (or each trained model's run).
+
+With `launcher.kind: ray`, a Ray Train `TorchTrainer` job on the cluster runs `launched` in each of its workers
+instead (`ray_launch`), one per node: Ray Train forms the torch process group (gloo on CPU, nccl on GPU) and sets
+the variables torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), which accelerate's `PartialState`
+reads, so each worker is what a process of `accelerate launch` is. The request and the result are the same files.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pipeline.config import LauncherConfig, PipelineConfig, accelerate_config_path
+from pipeline.registry import plugin_env
 from pipeline.rundir import read_json, write_json_atomic
 
 LOG_TAIL_LINES = 40
 
 
 class LaunchError(RuntimeError):
-    """A phase under `accelerate launch` failed; the message holds the tail of its output."""
+    """A launched phase failed; the message holds the tail of its output (accelerate) or its worker's error (Ray)."""
 
 
 def launch_command(launcher: LauncherConfig, target: Sequence[str]) -> list[str]:
@@ -81,12 +89,12 @@ def _children_output(log: str) -> list[str]:
 
 def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_dir: str | Path,
                  runs: dict[str, Any]) -> dict:
-    """Run a launchable phase under `accelerate launch`; return its main process's result (`PhaseResult`'s
-    manifest form).
+    """Run a launchable phase under `accelerate launch` or on Ray (`launcher.kind`); return its main process's
+    result (`PhaseResult`'s manifest form).
 
     Args:
         kwargs: the phase function's arguments (paths as strings, JSON-serialisable).
-        work_dir: holds the request, the result and `launch.log`, the processes' output.
+        work_dir: holds the request, the result and `launch.log`, the processes' output (accelerate).
         runs: the phase's MLflow run ids (`PhaseRuns`' fields); the main process logs into them.
     """
     check_launchable(cfg.launcher)
@@ -99,12 +107,62 @@ def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_d
     write_json_atomic(work_dir / "request.json", {
         "config": cfg.model_dump(mode="json"), "phase": phase, "kwargs": kwargs, "runs": run_ids,
     })
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri()}
-    env.pop("MLFLOW_RUN_ID", None)
+    env = {"MLFLOW_TRACKING_URI": mlflow.get_tracking_uri()}
     if runs.get("run_id"):
         env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(runs["run_id"]).info.experiment_id
-    cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", str(work_dir)])
-    run_logged(cmd, work_dir / "launch.log", env, f"the {phase} phase")
+    if cfg.launcher.kind == "ray":
+        from pipeline.rounds import launched
+
+        ray_launch(cfg.launcher, launched, [[str(work_dir)]], env, work_dir / "ray", f"the {phase} phase")
+    else:
+        cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", str(work_dir)])
+        child = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
+        run_logged(cmd, work_dir / "launch.log", {**child, **env}, f"the {phase} phase")
     if not result.exists():
         raise LaunchError(f"the {phase} phase exited without writing {result}; see {work_dir / 'launch.log'}")
     return read_json(result)
+
+
+def ray_launch(launcher: LauncherConfig, target: Callable[..., object], args: Sequence[Any], env: dict[str, str],
+               storage: Path, what: str) -> None:
+    """Run `target(*args)` in each worker of a Ray Train `TorchTrainer` job on the cluster at `launcher.ray_address`:
+    `launcher.num_processes` workers (None: one per live node), on a GPU each and nccl where the cluster has GPUs,
+    else on CPU and gloo. Each worker starts in this process's working directory, with `env` and this process's
+    plugin path (`plugin_env`) added. `storage`: Ray Train's folder for the job (emptied first). A failed worker
+    is a LaunchError quoting its error.
+    """
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(address=launcher.ray_address, log_to_driver=False)
+    try:
+        gpus = ray.cluster_resources().get("GPU", 0) > 0
+        workers = launcher.num_processes or sum(node["Alive"] for node in ray.nodes())
+        env = {**plugin_env(), **env, **({} if gpus else {"ACCELERATE_USE_CPU": "true"})}
+        shutil.rmtree(storage, ignore_errors=True)  # Ray Train would take a killed attempt's state for this job's
+        trainer = TorchTrainer(
+            _ray_worker, train_loop_config={"target": target, "args": list(args), "cwd": os.getcwd(), "env": env},
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpus),
+            torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
+            run_config=RunConfig(storage_path=str(storage.resolve()), name="job"))
+        try:
+            trainer.fit()
+        except Exception as e:  # Ray Train's TrainingFailedError, holding the worker's traceback
+            raise LaunchError(f"{what} failed under Ray Train ({workers} workers): {e}") from e
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _ray_worker(config: dict[str, Any]) -> None:
+    """One Ray Train worker: as a process of `accelerate launch` would start (the launcher's working directory,
+    its environment and plugin path), then `target(*args)`."""
+    os.chdir(config["cwd"])  # Ray Train starts a worker in a folder of its own; a run's paths may be relative
+    os.environ.update(config["env"])
+    os.environ.pop("MLFLOW_RUN_ID", None)  # the node's, if any: the request names the runs to log into
+    paths = config["env"].get("PYTHONPATH", "").split(os.pathsep)
+    sys.path[:0] = [p for p in paths if p and p not in sys.path]  # where load_plugins looks for entry points
+    config["target"](*config["args"])

@@ -15,7 +15,7 @@ from pipeline.problems import problem_set_from_config
 from pipeline.rundir import Manifest, RunDirError, read_json, refuse_if_locked
 
 # The setting that needs no extra, for each field that can ask for one.
-_WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread"}
+_WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread", "kind": "local"}
 
 
 def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
@@ -25,6 +25,8 @@ def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
         needed.append(("grpo.use_vllm", "vllm", "vllm"))
     if cfg.collect.task_runner == "ray" and cfg.collect.workers > 1:
         needed.append(("collect.task_runner", "ray", "prefect_ray"))
+    if cfg.launcher.kind == "ray":
+        needed.append(("launcher.kind", "ray", "ray.train"))
     return needed
 
 
@@ -218,6 +220,8 @@ def _launcher(cfg: PipelineConfig) -> str:
     from pipeline.launch import check_launchable
 
     check_launchable(cfg.launcher)
+    if cfg.launcher.kind == "ray":
+        return f"Ray Train ({cfg.launcher.num_processes or 'one per node'} workers, cluster {cfg.launcher.ray_address})"
     return f"accelerate launch ({cfg.launcher.config_file or 'accelerate default config'})"
 
 

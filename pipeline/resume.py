@@ -44,7 +44,8 @@ _IGNORED = {"run": ("name", "runs_dir", "rounds"), "tracking": None, "eval": Non
 # Fields added to the config since scratch folders were first fingerprinted: hashed only where set away from their
 # default, so a phase stopped under an older release resumes its checkpoints after an upgrade (a new field at its
 # default computes what the older release did). A field added to the config joins this list; a test pins the hash.
-_ADDED = {"supervision": ("prime_process_coef", "prime_outcome_coef"), "reward_model": ("mc_rollouts",)}
+_ADDED = {"supervision": ("prime_process_coef", "prime_outcome_coef"), "reward_model": ("mc_rollouts",),
+          "launcher": ("ray_address",)}
 
 
 def _as_fingerprinted(data: dict) -> dict:

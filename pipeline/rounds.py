@@ -151,7 +151,7 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
     kwargs = {"round_index": round_index, **inputs}
     try:
         with tracking.scope(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
-            if phase.launchable and cfg.launcher.kind == "accelerate" and phase.body(round_index) is phase.run:
+            if phase.launchable and cfg.launcher.kind != "local" and phase.body(round_index) is phase.run:
                 from pipeline.launch import launch_phase
 
                 work = RunDir(cfg.run_dir).launch(round_index, name)

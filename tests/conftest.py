@@ -112,6 +112,21 @@ def launched_steps(mini_models, tmp_path_factory) -> dict[int, dict]:
     return {n: json.loads((out / f"{name}.json").read_text()) for n, name in ((1, "one"), (2, "two"))}
 
 
+@pytest.fixture(scope="session")
+def ray_launched_steps(mini_models, _ray_nodes, tmp_path_factory) -> dict:
+    """`launched_steps`' GRPO steps (process, hybrid) as 2 workers x 6 rows of a Ray Train job (`launcher.kind: ray`),
+    one worker on each node of the session's Ray cluster: {mode: figures}, as `launched_steps[2]`."""
+    from pipeline.config import LauncherConfig
+    from pipeline.launch import ray_launch
+    from tests import launcher_step
+
+    out = tmp_path_factory.mktemp("ray-launched")
+    launcher = LauncherConfig(kind="ray", ray_address=_ray_nodes.address, num_processes=2)
+    ray_launch(launcher, launcher_step.main, [str(mini_models), str(out / "two.json"), 6, "process,hybrid"], {},
+               out / "ray", "the 2-worker steps")
+    return json.loads((out / "two.json").read_text())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def gguf_cache(tmp_path_factory):
     """The cache of GGUF files' plain copies (models/factories.py), one for the session and nowhere in the user's

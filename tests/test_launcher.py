@@ -112,7 +112,8 @@ def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
 
 
 @pytest.mark.slow  # > 10 s: a subprocess, a real model, or a network timeout
-def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(launched_steps):
+@pytest.mark.parametrize("launcher", ["accelerate", "ray"])
+def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(launched_steps, launcher, request):
     """One process-supervised GRPO step on the same 12 completions: 1 process x 12 rows, 2 processes x 6 rows;
     then one hybrid-mode step in the same processes (a fresh trainer from the same saved policy).
 
@@ -124,8 +125,13 @@ def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(launche
     also adds TRL's outcome advantages, which each process holds for its own rows only.
     """
     modes = ["process", "hybrid"]
-    ones, twos = launched_steps[1], launched_steps[2]
-    assert set(ones) == set(modes) and set(twos) == {*modes, "rm"}  # the 2 processes also took test_rm_scaling's step
+    ones = launched_steps[1]
+    if launcher == "accelerate":
+        twos = launched_steps[2]
+        assert set(ones) == set(modes) and set(twos) == {*modes, "rm"}  # they also took test_rm_scaling's step
+    else:  # 2 Ray Train workers, one on each node of a two-node Ray cluster
+        twos = request.getfixturevalue("ray_launched_steps")
+        assert set(twos) == set(modes)
     for mode in modes:
         _assert_same_step(ones[mode], twos[mode], mode)
 
