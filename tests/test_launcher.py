@@ -41,6 +41,15 @@ def test_a_yaml_that_is_not_an_accelerate_config_is_refused(tmp_path):
         config_from_dict({"launcher": {"kind": "accelerate", "config_file": str(path)}}, check_trl=False)
 
 
+def test_a_launchers_field_under_the_other_kind_is_refused_naming_it():
+    with pytest.raises(ConfigError, match=r"launcher\.config_file set, but launcher\.kind is 'ray', which does not read"):
+        config_from_dict({"launcher": {"kind": "ray", "config_file": CPU_2PROC}}, check_trl=False)
+    with pytest.raises(ConfigError, match=r"launcher\.ray_address set, but launcher\.kind is 'accelerate'"):
+        config_from_dict({"launcher": {"kind": "accelerate", "ray_address": "auto"}}, check_trl=False)
+    cfg = config_from_dict({"launcher": {"kind": "ray", "ray_address": "auto", "num_processes": 2}}, check_trl=False)
+    assert (cfg.launcher.ray_address, cfg.launcher.num_processes) == ("auto", 2)
+
+
 def test_relative_config_file_resolves_from_the_repo_when_not_in_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # configs/ is not here: the path is found beside the package
     cfg = config_from_dict({"launcher": {"kind": "accelerate", "config_file": CPU_2PROC, "num_processes": 3,
@@ -163,12 +172,15 @@ def _assert_same_step(a: dict, b: dict, mode: str) -> None:
 # --- the phases through the pipeline ---------------------------------------------------------------------
 
 
-def _run_with_round0(tmp_path, mini_models, **sections):
+LAUNCHERS = {"accelerate": {"kind": "accelerate", "config_file": CPU_2PROC},
+             "ray": {"kind": "ray", "ray_address": "auto"}}  # the cluster RAY_ADDRESS names: a worker per node
+
+
+def _run_with_round0(tmp_path, mini_models, launcher: str = "accelerate", **sections):
     """A run directory whose round 0 is recorded done with a built policy and PRM (no SFT, no collection)."""
     from pipeline.rounds import open_run
 
-    cfg = config_from_dict(mini_config(tmp_path, launcher={"kind": "accelerate", "config_file": CPU_2PROC},
-                                       **sections))
+    cfg = config_from_dict(mini_config(tmp_path, launcher=LAUNCHERS[launcher], **sections))
     policy, prm = mini_models / "policy", mini_models / "prm"
     manifest = open_run(cfg)
     manifest.record(0, "policy", {"path": str(policy), "metrics": {}})
@@ -233,21 +245,25 @@ TINY_ORM = dataclasses.replace(ORM, metrics=metrics, solution_auc="tiny_orm/auc"
 
 
 @pytest.mark.slow
-def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch,
-                                                                          mini_models, registries):
-    """Round 1's RM phase under 2 processes, training the PRM and a plugin's RM kind: the plugin is installed only on
-    the processes' path (no edit of the package), and its kind is known to the config's validation here and to each
-    `accelerate launch` rank, which load the plugins where they start."""
+@pytest.mark.parametrize("launcher", ["accelerate", "ray"])
+def test_reward_model_phase_launched_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch, mini_models,
+                                                                    registries, launcher, request):
+    """Round 1's RM phase under 2 processes (`accelerate launch`, or 2 Ray Train workers on the two nodes of a Ray
+    cluster), training the PRM and a plugin's RM kind: the plugin is installed only on this process's path (no edit
+    of the package), and its kind is known to the config's validation here and to each launched process, which
+    loads the plugins where it starts."""
     import mlflow
 
     from pipeline.replay import write_shard
     from pipeline.rounds import run_phase
     from pipeline.rundir import Manifest, RunDir, read_json
 
+    if launcher == "ray":
+        request.getfixturevalue("ray_cluster")
     site = plugin_distribution(tmp_path / "site", "tiny-orm-plugin", TINY_ORM, "tiny_orm = tiny_orm_plugin")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([child_env()["PYTHONPATH"], str(site)]))
-    cfg, policy, prm = _run_with_round0(tmp_path, mini_models, reward_model={"kinds": ["prm", "tiny_orm"],
+    cfg, policy, prm = _run_with_round0(tmp_path, mini_models, launcher, reward_model={"kinds": ["prm", "tiny_orm"],
                                                                              "holdout_fraction": 0.25},
                                         tracking={"tracking_uri": mlflow_tmp, "register_models": False})
     rows = [
