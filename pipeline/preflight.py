@@ -221,7 +221,8 @@ def _launcher(cfg: PipelineConfig) -> str:
 
     check_launchable(cfg.launcher)
     if cfg.launcher.kind == "ray":
-        return f"Ray Train ({cfg.launcher.num_processes or 'one per node'} workers, cluster {cfg.launcher.ray_address})"
+        workers = cfg.launcher.num_processes or "one per live node"
+        return f"a Ray Train job on the cluster at {cfg.launcher.ray_address or 'RAY_ADDRESS, or a local Ray'}, workers: {workers}"
     return f"accelerate launch ({cfg.launcher.config_file or 'accelerate default config'})"
 
 
