@@ -88,7 +88,7 @@ def _children_output(log: str) -> list[str]:
 
 
 def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_dir: str | Path,
-                 runs: dict[str, Any]) -> dict:
+                 runs: dict[str, Any], entry: Callable[[list[str]], None]) -> dict:
     """Run a launchable phase under `accelerate launch` or on Ray (`launcher.kind`); return its main process's
     result (`PhaseResult`'s manifest form).
 
@@ -96,6 +96,8 @@ def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_d
         kwargs: the phase function's arguments (paths as strings, JSON-serialisable).
         work_dir: holds the request, the result and `launch.log`, the processes' output (accelerate).
         runs: the phase's MLflow run ids (`PhaseRuns`' fields); the main process logs into them.
+        entry: what each process runs, `pipeline.rounds.launched` (`python -m pipeline.rounds WORK_DIR` under
+            accelerate; called with `[WORK_DIR]` in each Ray Train worker).
     """
     check_launchable(cfg.launcher)
     import mlflow
@@ -111,15 +113,14 @@ def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_d
     if runs.get("run_id"):
         env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(runs["run_id"]).info.experiment_id
     if cfg.launcher.kind == "ray":
-        from pipeline.rounds import launched
-
-        ray_launch(cfg.launcher, launched, [[str(work_dir)]], env, work_dir / "ray", f"the {phase} phase")
+        ray_launch(cfg.launcher, entry, [[str(work_dir)]], env, work_dir / "ray", f"the {phase} phase")
     else:
         cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", str(work_dir)])
         child = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
         run_logged(cmd, work_dir / "launch.log", {**child, **env}, f"the {phase} phase")
     if not result.exists():
-        raise LaunchError(f"the {phase} phase exited without writing {result}; see {work_dir / 'launch.log'}")
+        output = "Ray's logs" if cfg.launcher.kind == "ray" else work_dir / "launch.log"
+        raise LaunchError(f"the {phase} phase exited without writing {result}; see {output}")
     return read_json(result)
 
 
@@ -127,9 +128,10 @@ def ray_launch(launcher: LauncherConfig, target: Callable[..., object], args: Se
                storage: Path, what: str) -> None:
     """Run `target(*args)` in each worker of a Ray Train `TorchTrainer` job on the cluster at `launcher.ray_address`:
     `launcher.num_processes` workers (None: one per live node), on a GPU each and nccl where the cluster has GPUs,
-    else on CPU and gloo. Each worker starts in this process's working directory, with `env` and this process's
-    plugin path (`plugin_env`) added. `storage`: Ray Train's folder for the job (emptied first). A failed worker
-    is a LaunchError quoting its error.
+    else on CPU and gloo. Each worker starts in this process's working directory, with `env` added; a Ray joined
+    here gives the job this process's plugin path (`plugin_env`: PYTHONPATH, set before a worker starts, as
+    `accelerate launch`'s processes inherit it), one joined by the caller keeps its own `runtime_env`. `storage`:
+    Ray Train's folder for the job (emptied first). A failed worker is a LaunchError quoting its error.
     """
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -137,11 +139,11 @@ def ray_launch(launcher: LauncherConfig, target: Callable[..., object], args: Se
 
     owned = not ray.is_initialized()
     if owned:
-        ray.init(address=launcher.ray_address, log_to_driver=False)
+        ray.init(address=launcher.ray_address, log_to_driver=False, runtime_env={"env_vars": plugin_env()})
     try:
         gpus = ray.cluster_resources().get("GPU", 0) > 0
         workers = launcher.num_processes or sum(node["Alive"] for node in ray.nodes())
-        env = {**plugin_env(), **env, **({} if gpus else {"ACCELERATE_USE_CPU": "true"})}
+        env = {**env, **({} if gpus else {"ACCELERATE_USE_CPU": "true"})}  # accelerate's PartialState: gloo on CPU
         shutil.rmtree(storage, ignore_errors=True)  # Ray Train would take a killed attempt's state for this job's
         trainer = TorchTrainer(
             _ray_worker, train_loop_config={"target": target, "args": list(args), "cwd": os.getcwd(), "env": env},
@@ -158,11 +160,9 @@ def ray_launch(launcher: LauncherConfig, target: Callable[..., object], args: Se
 
 
 def _ray_worker(config: dict[str, Any]) -> None:
-    """One Ray Train worker: as a process of `accelerate launch` would start (the launcher's working directory,
-    its environment and plugin path), then `target(*args)`."""
+    """One Ray Train worker: as a process of `accelerate launch` would start (the launcher's working directory and
+    environment), then `target(*args)`."""
     os.chdir(config["cwd"])  # Ray Train starts a worker in a folder of its own; a run's paths may be relative
     os.environ.update(config["env"])
     os.environ.pop("MLFLOW_RUN_ID", None)  # the node's, if any: the request names the runs to log into
-    paths = config["env"].get("PYTHONPATH", "").split(os.pathsep)
-    sys.path[:0] = [p for p in paths if p and p not in sys.path]  # where load_plugins looks for entry points
     config["target"](*config["args"])

@@ -155,7 +155,8 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
                 from pipeline.launch import launch_phase
 
                 work = RunDir(cfg.run_dir).launch(round_index, name)
-                result = PhaseResult.from_manifest(launch_phase(cfg, name, kwargs, work, dataclasses.asdict(runs)))
+                result = PhaseResult.from_manifest(launch_phase(cfg, name, kwargs, work, dataclasses.asdict(runs),
+                                                                launched))
             else:
                 result = execute(cfg, name, runs, kwargs)
             stop_if_told()  # told to stop while it ran and it finished all the same: not recorded, a resume redoes it
