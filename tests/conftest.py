@@ -300,11 +300,13 @@ def seen_advantages(monkeypatch) -> list:
 def registries():
     """Every extension point's table restored after the test: what it registered, or a plugin it loaded, undone
     (the config's `problems:` sections too)."""
-    from pipeline import modes, phases, problems, rewards, rm_kinds
+    import tempfile
+
+    from pipeline import modes, phases, problems, registry, rewards, rm_kinds
 
     tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS, rm_kinds.PRM_HEADS,
               phases.PHASES)
-    before = [dict(t) for t in tables]
+    before, loaded, modules = [dict(t) for t in tables], set(registry._loaded), set(sys.modules)
     yield
     for table, old in zip(tables, before):
         if dict(table) != old:
@@ -312,3 +314,9 @@ def registries():
             table.update(old)
             for hook in table.on_register:
                 hook()
+    if registry._loaded != loaded:  # a plugin loaded: the next test that installs it registers it again
+        registry._loaded.intersection_update(loaded)
+        registry._scanned = None
+        for name in set(sys.modules) - modules:  # its modules, imported from the test's temp dir
+            if (getattr(sys.modules[name], "__file__", None) or "").startswith(tempfile.gettempdir()):
+                del sys.modules[name]
