@@ -54,15 +54,50 @@ def connect(tracking_uri: str | None, experiment: str) -> str:
     _fail_fast(uri)
     try:
         client = MlflowClient()
-        exp = client.get_experiment_by_name(experiment)  # creates a sqlite store that does not exist yet
-        _write_ahead(uri)
-        if exp is None:
-            return client.create_experiment(experiment, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        with _creating(uri):
+            exp = client.get_experiment_by_name(experiment)  # creates a sqlite store that does not exist yet
+            _write_ahead(uri)
+            if exp is None:
+                exp = _create_experiment(client, experiment)
         if not exp.tags.get(EXPERIMENT_KIND_TAG):  # one made before this tag, or by hand: a kind set is kept
             client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return exp.experiment_id
     except Exception as e:  # any failure here means no tracking: stop before training
         raise TrackingError(f"MLflow tracking URI {uri!r} cannot be used: {e}") from None
+
+
+def _create_experiment(client: MlflowClient, name: str):
+    """Experiment `name`, made now, or by a run that started beside this one on the same server and won the race."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    return client.get_experiment_by_name(name)
+
+
+@contextlib.contextmanager
+def _creating(uri: str):
+    """For a sqlite store, an exclusive lock on its folder (the nearest that exists) while the store is opened:
+    MLflow creates and migrates the file as it opens it, and several runs started at once on a new store raced
+    on that migration (`Online migration expected to match one row`, `index ... already exists`). The first
+    creates it; the others wait, then find it made. Other stores: no lock (their servers or databases order it)."""
+    import fcntl
+
+    if not uri.startswith("sqlite") or (path := _sqlite_file(uri)) is None:
+        yield
+        return
+    folder = path.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    fd = os.open(folder, os.O_RDONLY)  # a folder's own lock: no lock file left beside the store
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing it releases the lock
 
 
 # Filesystems whose files other hosts may open too: SQLite's WAL mode needs every process on one host.
