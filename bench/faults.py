@@ -253,7 +253,7 @@ def check_mlflow(uri: str, experiment: str, name: str, manifest: dict, rounds: i
     import mlflow
     from mlflow import MlflowClient
 
-    from pipeline.tracking import PARENT_TAG
+    from pipeline.tracking import PARENT_TAG, model_name
 
     mlflow.set_tracking_uri(uri)
     client = MlflowClient()
@@ -284,7 +284,7 @@ def check_mlflow(uri: str, experiment: str, name: str, manifest: dict, rounds: i
         if subs != sorted(f"{rr.info.run_name}-reward_model-{k}" for k in ("orm", "prm")):
             problems.append(f"mlflow: {rr.info.run_name} reward-model runs {subs}")
     for kind in ("prm", "orm", "policy"):
-        versions = [v for v in client.search_model_versions(f"name='{experiment}-{kind}'")
+        versions = [v for v in client.search_model_versions(f"name='{model_name(experiment, name, kind)}'")
                     if v.tags.get("pipeline_run") == parent]
         got = sorted(v.tags.get("round") for v in versions)
         if got != [str(r) for r in range(rounds + 1)]:

@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--round", type=int, required=True)
     s.add_argument("--policy", help="backbone for a new RM (default: the round's policy)")
     s.add_argument("--previous", action="append", default=[], metavar="KIND=PATH",
-                   help="warm start, e.g. prm=models:/iterative-grpo-prm@round-0 (default: the previous round's)")
+                   help="warm start, e.g. prm=models:/iterative-grpo-quickstart-prm@round-0 (default: the previous round's)")
     s = cmd("compare", cmd_compare, "Pass@K / Maj@K / greedy and best-of-N per round of one or more runs, and a "
             "Fig. 7-style plot.", config=False, console=False)
     s.add_argument("runs", nargs="+", help="run directories or MLflow parent run ids")

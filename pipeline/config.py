@@ -259,10 +259,10 @@ class EvalConfig(SamplingConfig):
 class TrackingConfig(Section):
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (None: MLflow's default, sqlite:///mlflow.db here).")
     experiment: str = Field(
-        "iterative-grpo", description="MLflow experiment; registered models are <experiment>-prm/-orm/-policy.")
+        "iterative-grpo", description="MLflow experiment; registered models are <experiment>-<run.name>-prm/-orm/-policy.")
     register_models: bool = Field(True, description="Register RM checkpoints as MLflow model versions.")
     register_policy: bool = Field(True, description=(
-        "Register each round's policy checkpoint as a version of <experiment>-policy, alias round-<r> (the "
+        "Register each round's policy checkpoint as a version of <experiment>-<run.name>-policy, alias round-<r> (the "
         "checkpoint is copied into MLflow's artifact store)."))
     sample_table_rows: int = Field(16, ge=0, description=(
         "Rows of each round's sample tables (samples/collect.json and samples/eval.json in the eval phase's "

@@ -149,7 +149,7 @@ class Phase:
     first: Callable[..., PhaseResult] | None = None  # what round 0 runs instead, if anything (Algorithm 1's π_0)
     launchable: bool = False  # `run` goes under `accelerate launch` with `launcher.kind: accelerate`
     models: Callable[[PipelineConfig, int], list[str]] | None = None  # one MLflow run per model it trains
-    # The checkpoints of its result (by kind) that become MLflow model versions `<experiment>-<kind>`.
+    # The checkpoints of its result (by kind) that become MLflow model versions `<experiment>-<run>-<kind>`.
     registers: Callable[[PipelineConfig, PhaseResult], dict[str, str]] | None = None
     figures: tuple[str, ...] = ()  # its key metrics, for the console line when it ends (`@K`: the largest K)
 

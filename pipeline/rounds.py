@@ -182,9 +182,11 @@ def execute(cfg: PipelineConfig, name: str, runs: PhaseRuns, kwargs: dict) -> Ph
 
 
 def _register(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, paths: dict[str, str]) -> dict[str, str]:
-    """Each checkpoint in `paths` (kind -> path) as a version of `<experiment>-<kind>`, alias `round-<r>`."""
-    return {kind: tracking.register_checkpoint(runs.run_id, path, f"{cfg.tracking.experiment}-{kind}", round_index,
-                                               runs.pipeline) for kind, path in paths.items()}
+    """Each checkpoint in `paths` (kind -> path) as a version of the run's model of its kind
+    (`tracking.model_name`), alias `round-<r>`."""
+    return {kind: tracking.register_checkpoint(
+        runs.run_id, path, tracking.model_name(cfg.tracking.experiment, cfg.run.name, kind), round_index,
+        runs.pipeline) for kind, path in paths.items()}
 
 
 def phase_runs(manifest: Manifest, cfg: PipelineConfig, round_index: int, phase: Phase) -> PhaseRuns:

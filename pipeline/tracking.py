@@ -426,6 +426,17 @@ def _end_active(run_id: str, status: str) -> None:
         mlflow.end_run(status)
 
 
+def model_name(experiment: str, run_name: str, kind: str) -> str:
+    """The registered model of a run's `kind` checkpoints (prm, orm, policy): one per run, its versions the run's
+    rounds, aliased `round-<r>`. Runs side by side in one experiment (seeds, configs) never move each other's
+    aliases: with one model per experiment, the last run to finish a round took `round-<r>` from the others.
+
+    >>> model_name("iterative-grpo", "quickstart", "prm")
+    'iterative-grpo-quickstart-prm'
+    """
+    return f"{experiment}-{run_name}-{kind}"
+
+
 def register_checkpoint(run_id: str, path: str | Path, name: str, round_index: int, pipeline_run: str) -> str:
     """Log a checkpoint directory to `run_id` and register it as a version of `name`, aliased `round-<r>`."""
     client = MlflowClient()

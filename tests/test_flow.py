@@ -50,18 +50,18 @@ def test_each_rounds_reward_models_and_policy_are_registered_with_round_aliases(
     client = MlflowClient()
     # RM versions registered per round, with round aliases; models:/ URIs resolve.
     for kind in ("prm", "orm"):
-        versions = client.search_model_versions(f"name='mini-{kind}'")
+        versions = client.search_model_versions(f"name='mini-mini-{kind}'")
         assert sorted(v.tags["round"] for v in versions) == ["0", "1", "2"]
-        assert client.get_model_version_by_alias(f"mini-{kind}", "round-2").tags["round"] == "2"
-    local = mlflow.artifacts.download_artifacts("models:/mini-prm@round-1")
+        assert client.get_model_version_by_alias(f"mini-mini-{kind}", "round-2").tags["round"] == "2"
+    local = mlflow.artifacts.download_artifacts("models:/mini-mini-prm@round-1")
     assert os.path.exists(os.path.join(local, "model.safetensors"))
     assert os.path.exists(os.path.join(local, "calibration.json"))  # the RM's calibration travels with it
     # The policy of every round registered the same way, from its phase's run.
-    versions = client.search_model_versions("name='mini-policy'")
+    versions = client.search_model_versions("name='mini-mini-policy'")
     assert sorted(v.tags["round"] for v in versions) == ["0", "1", "2"]
-    policy_1 = client.get_model_version_by_alias("mini-policy", "round-1")
+    policy_1 = client.get_model_version_by_alias("mini-mini-policy", "round-1")
     assert client.get_run(policy_1.run_id).info.run_name == "round-001-policy"
-    assert os.path.exists(os.path.join(mlflow.artifacts.download_artifacts("models:/mini-policy@round-1"),
+    assert os.path.exists(os.path.join(mlflow.artifacts.download_artifacts("models:/mini-mini-policy@round-1"),
                                        "model.safetensors"))
 
 

