@@ -33,7 +33,7 @@ from bench._common import ROOT, mini_config, spread
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 FLOW = "iterative-rl"  # flows/iterative.py's flow name: deployments are FLOW/<run.name>
-TIMING = re.compile(r"(_per_s|_per_second|seconds|runtime|_s)$")  # timings: not results, never equal twice
+TIMING = re.compile(r"^profiling/|(_per_s|_per_second|seconds|runtime|_time|_s)$")  # timings: never equal twice
 DONE = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 
@@ -95,14 +95,15 @@ def lost(alone: dict[str, dict[str, float]], run: dict[str, dict[str, float]]) -
     return out
 
 
-def foreign_aliases(tracking_uri: str, experiment: str, run_name: str, parent: str, rounds: int) -> list[str]:
+def foreign_aliases(tracking_uri: str, experiment: str, run_name: str, parent: str, rounds: int,
+                    kinds: tuple[str, ...] = ("prm", "orm", "policy")) -> list[str]:
     """The run's registered models' `round-<r>` aliases that are missing or point at a version of another run."""
     from mlflow import MlflowClient
 
     from pipeline.tracking import model_name
 
     client, out = MlflowClient(tracking_uri), []
-    for kind in ("prm", "orm", "policy"):
+    for kind in kinds:
         name = model_name(experiment, run_name, kind)
         for r in range(rounds + 1):
             try:
