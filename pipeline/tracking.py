@@ -53,9 +53,9 @@ def connect(tracking_uri: str | None, experiment: str) -> str:
     uri = mlflow.get_tracking_uri()
     _fail_fast(uri)
     try:
-        client = MlflowClient()
         with _creating(uri):
-            exp = client.get_experiment_by_name(experiment)  # creates a sqlite store that does not exist yet
+            client = MlflowClient()  # opens the store: creates and migrates a sqlite file that does not exist yet
+            exp = client.get_experiment_by_name(experiment)
             _write_ahead(uri)
             if exp is None:
                 exp = _create_experiment(client, experiment)
