@@ -3,7 +3,7 @@ up --workers 2`, one deployment per run) against the same N started together on 
 Prefect home, its ephemeral server, and one new ./mlflow.db), each checked against a lone run of its seed.
 
   python -m bench.concurrent_flows                      # 4 runs (seeds 0-3), 1 round each: about 10 minutes, 2 cores
-  python -m bench.concurrent_flows --runs 2 --no-sqlite
+  python -m bench.concurrent_flows --runs 2 --no-sqlite   # or --no-stack
   python -m bench.concurrent_flows --overhead 3         # a mini round tracked to the stack's MLflow vs a sqlite file
 
 Per load: runs completed, errors (the first line of each failure), metrics lost or changed against the lone run of
@@ -186,14 +186,20 @@ class Stack:
             raise SystemExit(f"igrpo stack {args[0]} failed: {done.stderr}")
         return done
 
+    def records(self) -> dict:
+        """What `up` started: service name -> pid record (flows/services.py)."""
+        from flows.services import State
+
+        return State(self.root / "pids.json").records
+
     def __enter__(self) -> Stack:
         self.igrpo("up", f"--workers={self.workers}", *[f"--{k}-port={v}" for k, v in self.ports.items()])
         return self
 
     def __exit__(self, *exc) -> None:
-        from flows.services import State, stop
+        from flows.services import stop
 
-        for record in State(self.root / "pids.json").records.values():
+        for record in self.records().values():
             stop(record)
 
 
@@ -223,7 +229,7 @@ def report(load: str, states: dict[str, str], wall: float, problems: dict[str, l
     return line
 
 
-def concurrent(work: Path, runs: int, workers: int, sqlite: bool) -> None:
+def concurrent(work: Path, runs: int, workers: int, sqlite: bool, stack: bool) -> None:
     seeds = {f"mini-s{i}": i for i in range(runs)}
     # The lone runs, one after another, each on a sqlite store of its own: what a run alone logs.
     alone = {}
@@ -242,16 +248,19 @@ def concurrent(work: Path, runs: int, workers: int, sqlite: bool) -> None:
         uri = f"sqlite:///{folder / 'mlflow.db'}"
         states, wall = on_sqlite(folder, [run_config(folder, n, s, uri, {"run": {"rounds": 1}}) for n, s in seeds.items()])
         rows.append(report(f"{runs} at once, sqlite stores (`igrpo run`)", states, wall, check(uri, seeds, alone)))
-    folder = work / "stack"
+    if stack:
+        rows.append(on_stack(work / "stack", seeds, workers, alone))
+    print("| load | runs completed | errors | metrics lost or changed | wall time |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+def on_stack(folder: Path, seeds: dict[str, int], workers: int, alone: dict[int, dict]) -> str:
     folder.mkdir()
     with Stack(folder / "stack", workers, user_env(folder)) as stack:
         os.environ["PREFECT_API_URL"] = stack.prefect_api  # this process deploys and submits
         deploy([run_config(folder, n, s, stack.mlflow, {"run": {"rounds": 1}}) for n, s in seeds.items()], "stack")
         states, wall = submit_and_wait(list(seeds), timeout=1800)
-        rows.append(report(f"{runs} on the stack, {workers} workers", states, wall,
-                           check(stack.mlflow, seeds, alone)))
-    print("| load | runs completed | errors | metrics lost or changed | wall time |\n|---|---|---|---|---|")
-    print("\n".join(rows))
+        return report(f"{len(seeds)} on the stack, {workers} workers", states, wall, check(stack.mlflow, seeds, alone))
 
 
 def overhead(work: Path, repeats: int) -> None:
@@ -278,6 +287,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=4, help="runs at once (4)")
     ap.add_argument("--workers", type=int, default=2, help="the stack's workers (2)")
     ap.add_argument("--no-sqlite", action="store_true", help="skip the load on sqlite stores")
+    ap.add_argument("--no-stack", action="store_true", help="skip the load on the stack")
     ap.add_argument("--overhead", type=int, metavar="K", help="instead: K interleaved pairs, MLflow server vs sqlite")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="igrpo-concurrent-"))  # not 0700-only: PostgreSQL may run as its own user
@@ -286,7 +296,7 @@ def main(argv=None) -> int:
         if args.overhead:
             overhead(work, args.overhead)
         else:
-            concurrent(work, args.runs, args.workers, not args.no_sqlite)
+            concurrent(work, args.runs, args.workers, not args.no_sqlite, not args.no_stack)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -46,13 +46,30 @@ def cmd_run(args) -> None:
     from flows.iterative import iterative_rl
     from pipeline.compare import round_gain, rounds_from_run_dir, tables_text
 
-    result = iterative_rl(cfg.model_dump(mode="json"), force=args.force, checked=True)
+    try:
+        result = iterative_rl(cfg.model_dump(mode="json"), force=args.force, checked=True)
+    except Exception:
+        _database_down(cfg, args.config)
+        raise
     print(tables_text([(cfg.run.name, rounds_from_run_dir(cfg.run_dir))]))
     if gain := round_gain(cfg.run_dir, cfg.run.name):
         print(gain)
     print(f"run directory: {result['run_dir']}  (igrpo compare {result['run_dir']}: the same tables and a plot)")
     print(f"MLflow: parent run {result['mlflow_run']}, experiment {cfg.tracking.experiment!r}, "
           f"at {result['tracking_uri']}")
+
+
+def _database_down(cfg: PipelineConfig, config: str) -> None:
+    """A run that failed because its servers lost their database (the stack's PostgreSQL stopped or killed) stops
+    with one error naming it, not the traceback of whichever call met it first; the run directory keeps the rest."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.stack import StackError, database_down
+    from pipeline import tracking
+
+    if why := database_down(PREFECT_API_URL.value(), tracking.mlflow.get_tracking_uri()):
+        raise StackError(f"the run stopped: the database is down: {why}. Start it again (`igrpo stack up`), then "
+                         f"`igrpo run {config}` resumes the run") from None
 
 
 def cmd_check(args) -> int:
@@ -266,12 +283,13 @@ def _run_command(args) -> int:
         print(f"igrpo: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
+        from flows.services import StackError
         from pipeline.launch import LaunchError
         from pipeline.rewards import RewardError
         from pipeline.rundir import RunDirError
         from pipeline.tracking import TrackingError
 
-        if isinstance(e, (RunDirError, TrackingError, RewardError, LaunchError, ValueError)):
+        if isinstance(e, (RunDirError, TrackingError, RewardError, LaunchError, StackError, ValueError)):
             print(f"igrpo: error: {e}", file=sys.stderr)
             return 2
         raise

@@ -21,6 +21,7 @@ import socket
 import stat
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 import warnings
 from importlib.metadata import version
@@ -33,6 +34,8 @@ from pipeline.rundir import write_json_atomic
 DEFAULTS = {"host": "127.0.0.1", "postgres_port": 5432, "prefect_port": 4200, "mlflow_port": 5000, "workers": 1,
             "pool": "stack"}
 DATABASES = ("prefect", "mlflow")  # one database per server
+HEARTBEAT_S = 30  # a flow run's heartbeat (the workers' PREFECT_FLOWS_HEARTBEAT_FREQUENCY)
+CRASH_SILENT = "igrpo: a flow run silent for 3 heartbeats crashed"  # the automation's name
 LOCAL = "127.0.0.1"
 
 
@@ -81,11 +84,11 @@ def check_data_version(data: Path, major: str, log: Path) -> None:
 # --- the services ------------------------------------------------------------------------------------------------
 
 
-def _answers(url: str, body: bytes | None = None) -> bytes | None:
+def _answers(url: str, body: bytes | None = None, ok: tuple[int, ...] = (200,)) -> bytes | None:
     try:
         req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=2) as r:
-            return r.read() if r.status == 200 else None
+            return r.read() if r.status in ok else None
     except (OSError, http.client.HTTPException):  # a server still starting can answer half a status line
         return None
 
@@ -192,7 +195,8 @@ def services(root: Path, settings: dict, secret: str) -> list[list[Service]]:
     prefect = Service(
         "prefect", [*py, "prefect", "server", "start", "--host", host, "--port", str(pp)],
         f"http://{_shown_host(host)}:{pp}", lambda: _answers(f"{api}/health") == b"true", port=(host, pp),
-        env={**prefect_home, "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg")})  # it migrates
+        env={**prefect_home, "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg")},  # it migrates
+        after=lambda: crash_silent_runs(api, root / "logs" / "prefect.log"))
     mlflow = Service(
         "mlflow", [*py, "mlflow", "server", "--host", host, "--port", str(mp),
                    "--artifacts-destination", str(root / "mlflow-artifacts")],
@@ -206,10 +210,62 @@ def services(root: Path, settings: dict, secret: str) -> list[list[Service]]:
         f"worker-{i}", [*py, "prefect", "worker", "start", "--pool", settings["pool"], "--type", "process",
                         "--name", name],
         f"pool {settings['pool']!r}", lambda name=name: _worker_online(api, settings["pool"], name),
-        cwd=os.getcwd(), env={**prefect_home, "PREFECT_API_URL": api,
+        cwd=os.getcwd(), env={**prefect_home, "PREFECT_API_URL": api, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
                               "MLFLOW_TRACKING_URI": f"http://{_client_host(host)}:{mp}"})
         for i, name in enumerate(named, 1)]
     return [[pg.service()], [prefect, mlflow], workers]
+
+
+def crash_silent_runs(api: str, log: Path) -> None:
+    """The automation (Prefect's own recipe for "zombie" flow runs) that marks a flow run CRASHED once it has sent
+    no heartbeat for 3 periods: a worker killed with its flow runs (its machine lost, the OOM killer) leaves them
+    RUNNING otherwise, and the deployment's one slot (`concurrency_limit=1`) with them, so that the next run of the
+    deployment, which resumes the run directory, never starts. Made once; `up` again finds it."""
+    found = _answers(f"{api}/automations/filter", b"{}")
+    if found is not None and any(a["name"] == CRASH_SILENT for a in json.loads(found)):
+        return
+    from datetime import timedelta
+
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    ended = [f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")]
+    automation = AutomationCore(name=CRASH_SILENT, trigger=EventTrigger(
+        after={"prefect.flow-run.heartbeat"}, expect={"prefect.flow-run.heartbeat", *ended},
+        match={"prefect.resource.id": ["prefect.flow-run.*"]}, for_each={"prefect.resource.id"},
+        posture=Posture.Proactive, threshold=1, within=timedelta(seconds=3 * HEARTBEAT_S)),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=(
+            f"no heartbeat for {3 * HEARTBEAT_S} s: its process is gone (its worker killed?); the deployment's next "
+            "run resumes its run directory"))])
+    body = json.dumps(automation.model_dump(mode="json")).encode()
+    if _answers(f"{api}/automations/", body, ok=(200, 201)) is None:
+        raise StackError(f"prefect: its automation for crashed flow runs could not be made; see its log {log}")
+
+
+def database_down(prefect_api: str | None, tracking_uri: str | None) -> str | None:
+    """Why a run's servers cannot reach their database (the stack's PostgreSQL stopped or killed), or None: Prefect's
+    server says so at /ready, which connects to its database; MLflow's answers a read with a server error."""
+    down = []
+    if prefect_api and prefect_api.startswith("http"):
+        try:
+            urllib.request.urlopen(f"{prefect_api.rstrip('/')}/ready", timeout=5).close()
+        except urllib.error.HTTPError as e:
+            down.append(f"Prefect's server at {prefect_api} cannot reach its database ({e.code}: {e.reason})")
+        except (OSError, http.client.HTTPException):
+            down.append(f"Prefect's server at {prefect_api} does not answer")
+    if tracking_uri and tracking_uri.startswith("http"):
+        body = json.dumps({"max_results": 1}).encode()
+        try:
+            urllib.request.urlopen(urllib.request.Request(
+                f"{tracking_uri.rstrip('/')}/api/2.0/mlflow/experiments/search", data=body,
+                headers={"Content-Type": "application/json"}), timeout=5).close()
+        except urllib.error.HTTPError as e:
+            if e.code >= 500:
+                down.append(f"MLflow's server at {tracking_uri} cannot read its database ({e.code})")
+        except (OSError, http.client.HTTPException):
+            down.append(f"MLflow's server at {tracking_uri} does not answer")
+    return "; ".join(down) or None
 
 
 def _worker_online(api: str, pool: str, name: str) -> bool:

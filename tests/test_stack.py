@@ -23,7 +23,7 @@ import pytest
 
 from flows.cli import main
 from flows.services import Service, StackError, State, bring_up, is_ours, start, stop
-from flows.stack import down, password, up
+from flows.stack import database_down, down, password, up
 from tests.helpers import child_env
 
 
@@ -143,6 +143,43 @@ def test_the_password_file_is_its_owners_alone(tmp_path):
 def test_status_of_a_stack_never_started(tmp_path, capsys):
     assert main(["stack", "status", "--dir", str(tmp_path)]) == 1
     assert capsys.readouterr().out.split() == ["postgres", "stopped", "prefect", "stopped", "mlflow", "stopped"]
+
+
+def test_a_database_down_is_named_by_the_servers_in_front_of_it():
+    # Prefect's /api/ready and MLflow's reads answer as they do with their PostgreSQL killed (503, 500); a server that
+    # is gone does not answer; servers that answer 200 are fine.
+    import http.server
+    import threading
+
+    class Servers(http.server.BaseHTTPRequestHandler):
+        code = 200
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(503 if self.path == "/api/ready" and Servers.code != 200 else 200)
+            self.end_headers()
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(Servers.code)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Servers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url, gone = f"http://127.0.0.1:{server.server_port}", f"http://127.0.0.1:{free_port()}"
+    try:
+        assert database_down(f"{url}/api", url) is None
+        Servers.code = 500
+        assert database_down(f"{url}/api", url) == (
+            f"Prefect's server at {url}/api cannot reach its database (503: Service Unavailable); "
+            f"MLflow's server at {url} cannot read its database (500)")
+        assert database_down(None, gone) == f"MLflow's server at {gone} does not answer"
+        assert database_down(None, "sqlite:///mlflow.db") is None  # not a server: nothing to say
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture
