@@ -227,10 +227,11 @@ class CollectConfig(SamplingConfig):
     task_runner: Literal["thread", "ray"] = Field(
         "thread", description="Prefect task runner of the workers: threads in this process, or Ray (`[ray]` extra)."
     )
-    ray_address: str | None = Field(None, description="Ray cluster to join (e.g. ray://head:10001); None starts a local one.")
-    ray_init: dict[str, Any] = Field(
-        default_factory=dict, description="Passed to ray.init when starting a local Ray (num_cpus, object_store_memory...)."
-    )
+    ray_address: str | None = Field(None, description=(
+        "Ray cluster to join (e.g. ray://head:10001); None: the one running on this node if any, else a local one."))
+    ray_init: dict[str, Any] = Field(default_factory=dict, description=(
+        "Passed to ray.init; its resources (num_cpus, object_store_memory...) only where it starts a local Ray: "
+        "Ray refuses them when it joins a running one."))
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray: GPUs reserved by each worker's task (1 on a GPU node).")
 
 

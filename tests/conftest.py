@@ -86,7 +86,19 @@ def mini_models(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def launched_steps(mini_models, tmp_path_factory) -> dict[int, dict]:
+def step_plugin_path(tmp_path_factory) -> str:
+    """The PYTHONPATH of tests/launcher_step.py's processes: this checkout, and the plugin that registers hybrid mode's
+    outcome reward (launcher_step.PLUGIN), installed there and on no path of this process."""
+    from tests.helpers import plugin_distribution
+    from tests.launcher_step import PLUGIN
+
+    site = plugin_distribution(tmp_path_factory.mktemp("step-plugin"), "says-an-answer-plugin", PLUGIN,
+                               "says_an_answer = says_an_answer_plugin")
+    return os.pathsep.join([child_env()["PYTHONPATH"], str(site)])
+
+
+@pytest.fixture(scope="session")
+def launched_steps(mini_models, step_plugin_path, tmp_path_factory) -> dict[int, dict]:
     """tests/launcher_step.py on `mini_models`: the GRPO steps (process, hybrid modes) as 1 process x 12 rows, and
     as 2 processes x 6 rows under `accelerate launch` (configs/accelerate/cpu_2proc.yaml), which then also take one
     PRM and one ORM step of 2 rows x 2 micro-batches each: one launch, its processes' start paid once for
@@ -94,15 +106,15 @@ def launched_steps(mini_models, tmp_path_factory) -> dict[int, dict]:
     from pipeline.config import LauncherConfig
     from pipeline.launch import launch_command, run_logged
 
-    out = tmp_path_factory.mktemp("launched")
+    out, env = tmp_path_factory.mktemp("launched"), child_env(PYTHONPATH=step_plugin_path)
     script, modes = str(ROOT / "tests" / "launcher_step.py"), "process,hybrid"
     # Both at once: the 1-process run is plain Python, no torch.distributed (what `launcher: local` runs).
     single = subprocess.Popen([sys.executable, script, str(mini_models), str(out / "one.json"), "12", modes],
-                              env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
         run_logged(launch_command(launcher, [script, str(mini_models), str(out / "two.json"), "6", modes, "2x2"]),
-                   out / "two.log", child_env(), "the 2-process steps")
+                   out / "two.log", env, "the 2-process steps")
         _, err = single.communicate(timeout=300)
     finally:
         if single.poll() is None:
@@ -113,18 +125,20 @@ def launched_steps(mini_models, tmp_path_factory) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="session")
-def ray_launched_steps(mini_models, _ray_nodes, tmp_path_factory) -> dict:
-    """`launched_steps`' GRPO steps (process, hybrid) as 2 workers x 6 rows of a Ray Train job (`launcher.kind: ray`),
-    one worker on each node of the session's Ray cluster: {mode: figures}, as `launched_steps[2]`."""
-    from pipeline.config import LauncherConfig
-    from pipeline.launch import ray_launch
+def ray_launched_steps(mini_models, step_plugin_path, _ray_nodes, tmp_path_factory) -> dict:
+    """`launched_steps`' hybrid step as 2 workers x 6 rows of a Ray Train job (`launcher.kind: ray`), started as the
+    pipeline starts a launched phase (`launch_phase`, which gives the job this process's PYTHONPATH, the plugin's),
+    one worker on each node of the session's Ray cluster: {"hybrid": figures}, as `launched_steps[2]`."""
+    from pipeline.config import PipelineConfig
+    from pipeline.launch import launch_phase
     from tests import launcher_step
 
-    out = tmp_path_factory.mktemp("ray-launched")
-    launcher = LauncherConfig(kind="ray", ray_address=_ray_nodes.address, num_processes=2)
-    ray_launch(launcher, launcher_step.main, [str(mini_models), str(out / "two.json"), 6, "process,hybrid"], {},
-               out / "ray", "the 2-worker steps")
-    return json.loads((out / "two.json").read_text())
+    launcher = {"kind": "ray", "ray_address": _ray_nodes.address, "num_processes": 2}
+    args = {"models_dir": str(mini_models), "per_device_batch": 6, "modes": "hybrid"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", step_plugin_path)
+        return launch_phase(PipelineConfig(launcher=launcher), "policy", args, tmp_path_factory.mktemp("ray-launched"),
+                            {}, launcher_step.launched)
 
 
 @pytest.fixture(scope="session", autouse=True)

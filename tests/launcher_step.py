@@ -7,7 +7,10 @@
 GRPO: MODES is a comma-separated list, one step (a fresh trainer from the saved policy) per mode, in order, in the
 same processes (a launch costs seconds): `process` (the default) or `hybrid` (min credit, w = 0.5, an outcome
 reward that varies in each group, so TRL's per-process outcome advantages must be gathered in order before
-the process term is added).
+the process term is added). Hybrid's outcome reward is a plugin's (PLUGIN, `says_an_answer`): each process loads
+the plugins where it starts, as `pipeline.rounds.launched` does, and finds it only on the path it was given.
+As a Ray Train job, `launch_phase(..., entry=launched)` runs the step in each worker (conftest.py's
+`ray_launched_steps`), with `main`'s arguments in its request.
 
 Sampling is replaced by a fixed table of completions indexed by the completion's place in the *global*
 generation batch (process index x local batch + row), because sampled completions depend on each
@@ -39,9 +42,11 @@ from models.factories import load_tokenizer
 from pipeline.config import PipelineConfig
 from pipeline.passthrough import grpo_config
 from pipeline.policy import ProcessGRPOTrainer
+from pipeline.registry import load_plugins
 from pipeline.reward_model import train_reward_model
+from pipeline.rewards import REWARD_FUNCS
 from pipeline.rm_kinds.loading import load_reward_model
-from pipeline.rundir import write_json_atomic
+from pipeline.rundir import read_json, write_json_atomic
 from pipeline.scorers import PrmScorer
 
 PROMPTS = ["3+4*2=?\n", "9-5+6=?\n", "7*3-2=?\n"]
@@ -93,12 +98,21 @@ def no_reward(completions, **kwargs) -> list[float]:
     return [0.0] * len(completions)
 
 
-def says_an_answer(completions, **kwargs) -> list[float]:
-    """Hybrid mode's outcome reward: 1 for a completion stating an answer, which varies within each group."""
+# An installed plugin (tests/helpers.py: plugin_distribution) registering hybrid mode's outcome reward: 1 for a
+# completion stating an answer, which varies within each group.
+PLUGIN = {"says_an_answer_plugin/__init__.py": """from pipeline.rewards import REWARD_FUNCS
+
+
+def says_an_answer(completions, **kwargs):
     return [float("The answer is" in c) for c in completions]
 
 
+REWARD_FUNCS.register("says_an_answer", build=lambda problem_set, scorers: says_an_answer)
+"""}
+
+
 def main(models_dir: str, out_json: str, per_device_batch: int, modes: str = "process", rm_step: str = "") -> None:
+    load_plugins()
     results = {mode: step(models_dir, per_device_batch, mode) for mode in modes.split(",")}
     if rm_step:
         results["rm"] = rm_steps(models_dir, *map(int, rm_step.split("x")))
@@ -117,7 +131,8 @@ def step(models_dir: str, per_device_batch: int, mode: str) -> dict | None:
     hybrid = {"process_credit": "min", "process_weight": 0.5} if mode == "hybrid" else {}
     probe = GradientProbe()
     trainer = FixedCompletions(
-        model=f"{models_dir}/policy", reward_funcs=[says_an_answer if hybrid else no_reward], args=args,
+        model=f"{models_dir}/policy", args=args,
+        reward_funcs=[REWARD_FUNCS["says_an_answer"].build(None, {}) if hybrid else no_reward],
         train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]), processing_class=tokenizer,
         callbacks=[probe], prm_scorer=PrmScorer(prm, prm_tok), supervision=mode, **hybrid,
     )
@@ -129,6 +144,13 @@ def step(models_dir: str, per_device_batch: int, mode: str) -> dict | None:
                   if "hybrid/process_variance_share" in h), None)
     return {**trainer.record, "loss": loss, "share": share, "processes": trainer.accelerator.num_processes,
             "grad_norm": probe.grad.norm().item(), "grad_sample": probe.grad[::37].tolist()}
+
+
+def launched(argv: list[str]) -> None:
+    """Each worker of a `pipeline.launch.launch_phase` job, as `pipeline.rounds.launched`: `main` with the request's
+    arguments, its main process writing the result where `launch_phase` reads it."""
+    work_dir = Path(argv[0])
+    main(**read_json(work_dir / "request.json")["kwargs"], out_json=str(work_dir / "result.json"))
 
 
 # --- one reward-model step ------------------------------------------------------------------------------

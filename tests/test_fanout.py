@@ -127,26 +127,24 @@ def _nodes(folder: Path) -> set[str]:
 RAY = {"workers": 2, "task_runner": "ray", "ray_address": "auto"}  # joins the cluster RAY_ADDRESS names
 
 
-@pytest.mark.slow  # a Ray cluster of two nodes (the session's), each job's workers loading the policy
-def test_two_ray_nodes_write_the_single_worker_shard_and_eval_figures(prefect_harness, ray_cluster, ray_nodes_seen,
-                                                                       tmp_path, tiny_policy_dir, monkeypatch):
+@pytest.mark.slow  # a Ray cluster of two nodes (the session's), each job's workers loading the policy; one node killed
+def test_two_ray_nodes_give_the_single_worker_eval_figures_and_shard_a_killed_node_included(
+        prefect_harness, ray_cluster, ray_nodes_seen, tmp_path, tiny_policy_dir, monkeypatch):
+    """Evaluation, then collection, over the two Ray nodes give one worker's figures, sample table and shard.
+
+    Evaluation spreads its greedy call and its samples over both nodes (batches of 4: the greedy call's 8 prompts and
+    the 8 x 4 samples each make 2 shards or more). Collection, sampling through the same `open_sampler`, has the added
+    node's raylet killed (SIGKILL, by its pid) as its worker starts a shard: Ray retries the shard's task on the head,
+    the one node left, and the shard is byte-equal to one worker's. (Each phase is a Ray job that starts a worker on
+    each node: an unkilled two-node collection would add one, ~11 s on 2 loaded cores, and show nothing that
+    evaluation's spread and the threads' collection above do not.)"""
     import pipeline.fanout
     from pipeline.eval_phase import run_eval_phase
 
     loads = []
     load = pipeline.fanout.load_sampling_model
     monkeypatch.setattr(pipeline.fanout, "load_sampling_model", lambda *a: loads.append(a) or load(*a))
-    nodes = {n.node_id for n in ray_cluster.list_all_nodes()}
-    one = _collect(tmp_path, tiny_policy_dir, "one", strategy="first_error")
-    two = _collect(tmp_path, tiny_policy_dir, "ray", strategy="first_error", **RAY)
-    assert two.read_bytes() == one.read_bytes()
-    assert len(nodes) == 2 and _nodes(ray_nodes_seen) == nodes  # the shards ran on both nodes, plugins loaded
-    # Only the single-worker run loaded the policy in this process: Ray's workers loaded their own.
-    assert len(loads) == 1
-
-    # Evaluation over the same workers: the same samples, hence the same figures and sample table. Batches of 4:
-    # the greedy call's 8 prompts and the 8 x 4 samples each make 2 shards or more.
-    shutil.rmtree(ray_nodes_seen)
+    head, added = ray_cluster.list_all_nodes()
     evals = [run_eval_phase(config_from_dict(mini_config(tmp_path / name, collect=collect, eval={"batch_size": 4}),
                                              check_trl=False), tiny_policy_dir, 1)
              for name, collect in (("eval-one", {}), ("eval-ray", RAY))]
@@ -154,15 +152,10 @@ def test_two_ray_nodes_write_the_single_worker_shard_and_eval_figures(prefect_ha
     assert {k: v for k, v in evals[1].metrics.items() if k != timing} == {
         k: v for k, v in evals[0].metrics.items() if k != timing}
     assert evals[1].tables == evals[0].tables and len(evals[0].tables["eval"]) > 0
-    assert _nodes(ray_nodes_seen) == nodes
+    assert _nodes(ray_nodes_seen) == {head.node_id, added.node_id}  # on both nodes, the plugins loaded there
+    assert len(loads) == 1  # only the single-worker run loaded the policy in this process: Ray's workers their own
 
-
-@pytest.mark.slow  # the session's two Ray nodes; one of them killed and replaced
-def test_a_ray_node_killed_during_collection_leaves_the_same_shard(prefect_harness, ray_cluster, ray_nodes_seen,
-                                                                    tmp_path, tiny_policy_dir):
-    """The added node's raylet killed (SIGKILL, by its pid) as its worker starts a shard: Ray retries the shard's
-    task on the head, the one node left, and the shard is the one an unkilled run writes."""
-    head, added = ray_cluster.list_all_nodes()
+    shutil.rmtree(ray_nodes_seen)
     raylet = added.all_processes["raylet"][0].process
 
     def kill_when_it_works():
@@ -181,4 +174,5 @@ def test_a_ray_node_killed_during_collection_leaves_the_same_shard(prefect_harne
         ray_cluster.remove_node(added, allow_graceful=False)  # what is left of it, by pid; the fixture adds another
     assert raylet.poll() is not None  # it was killed during the collection, which finished all the same
     assert _nodes(ray_nodes_seen) == {head.node_id, added.node_id}  # a shard began on the added node, then it died
-    assert two.read_bytes() == one.read_bytes()
+    assert two.read_bytes() == one.read_bytes() and len(read_shard(one)) == 8
+    assert len(loads) == 2  # and the single-worker collection: Ray's workers loaded their own

@@ -126,20 +126,24 @@ def test_two_processes_give_the_same_advantages_loss_and_gradient_as_one(launche
     """One process-supervised GRPO step on the same 12 completions: 1 process x 12 rows, 2 processes x 6 rows;
     then one hybrid-mode step in the same processes (a fresh trainer from the same saved policy).
 
-    Sampling is replaced by a fixed completion table (see tests/launcher_step.py; conftest.py's `launched_steps` runs both): sampled completions follow
-    each process's random stream and cannot match. With 3 groups of 4 over 2 x 6 rows the middle group
-    straddles the processes, so a missing gather (normalising a group's steps per process: refused, a
-    process then holds half a group) or a wrong slice (a process keeping another's rows: 18 of 18 checked
+    Sampling is replaced by a fixed completion table (see tests/launcher_step.py; conftest.py's `launched_steps` runs
+    both): sampled completions follow each process's random stream and cannot match. With 3 groups of 4 over 2 x 6
+    rows the middle group straddles the processes, so a missing gather (normalising a group's steps per process:
+    refused, a process then holds half a group) or a wrong slice (a process keeping another's rows: 18 of 18 checked
     values off by up to 1.46 when tried) changes the advantages, hence the loss and the gradient. Hybrid mode
-    also adds TRL's outcome advantages, which each process holds for its own rows only.
+    also adds TRL's outcome advantages, which each process holds for its own rows only; its outcome reward is a
+    plugin's, installed only on the path that the launched processes are given.
+
+    Under `launcher.kind: ray` (2 Ray Train workers, one on each node of a two-node cluster, started by
+    `launch_phase`) the hybrid step alone: its advantages hold both gathered terms, and a worker that did not load
+    the plugin fails the job (a job's start costs more than the step: one step, not two).
     """
-    modes = ["process", "hybrid"]
     ones = launched_steps[1]
     if launcher == "accelerate":
-        twos = launched_steps[2]
+        modes, twos = ["process", "hybrid"], launched_steps[2]
         assert set(ones) == set(modes) and set(twos) == {*modes, "rm"}  # they also took test_rm_scaling's step
-    else:  # 2 Ray Train workers, one on each node of a two-node Ray cluster
-        twos = request.getfixturevalue("ray_launched_steps")
+    else:
+        modes, twos = ["hybrid"], request.getfixturevalue("ray_launched_steps")
         assert set(twos) == set(modes)
     for mode in modes:
         _assert_same_step(ones[mode], twos[mode], mode)
@@ -172,15 +176,12 @@ def _assert_same_step(a: dict, b: dict, mode: str) -> None:
 # --- the phases through the pipeline ---------------------------------------------------------------------
 
 
-LAUNCHERS = {"accelerate": {"kind": "accelerate", "config_file": CPU_2PROC},
-             "ray": {"kind": "ray", "ray_address": "auto"}}  # the cluster RAY_ADDRESS names: a worker per node
-
-
-def _run_with_round0(tmp_path, mini_models, launcher: str = "accelerate", **sections):
+def _run_with_round0(tmp_path, mini_models, **sections):
     """A run directory whose round 0 is recorded done with a built policy and PRM (no SFT, no collection)."""
     from pipeline.rounds import open_run
 
-    cfg = config_from_dict(mini_config(tmp_path, launcher=LAUNCHERS[launcher], **sections))
+    cfg = config_from_dict(mini_config(tmp_path, launcher={"kind": "accelerate", "config_file": CPU_2PROC},
+                                       **sections))
     policy, prm = mini_models / "policy", mini_models / "prm"
     manifest = open_run(cfg)
     manifest.record(0, "policy", {"path": str(policy), "metrics": {}})
@@ -245,25 +246,22 @@ TINY_ORM = dataclasses.replace(ORM, metrics=metrics, solution_auc="tiny_orm/auc"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["accelerate", "ray"])
-def test_reward_model_phase_launched_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch, mini_models,
-                                                                    registries, launcher, request):
-    """Round 1's RM phase under 2 processes (`accelerate launch`, or 2 Ray Train workers on the two nodes of a Ray
-    cluster), training the PRM and a plugin's RM kind: the plugin is installed only on this process's path (no edit
-    of the package), and its kind is known to the config's validation here and to each launched process, which
-    loads the plugins where it starts."""
+def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_path, mlflow_tmp, monkeypatch,
+                                                                          mini_models, registries):
+    """Round 1's RM phase under 2 processes, training the PRM and a plugin's RM kind: the plugin is installed only on
+    the processes' path (no edit of the package), and its kind is known to the config's validation here and to each
+    `accelerate launch` rank, which load the plugins where they start. (Under `launcher.kind: ray` a plugin reaches
+    the workers of a job started by `launch_phase` too: the [ray] case of the 2-process GRPO test above.)"""
     import mlflow
 
     from pipeline.replay import write_shard
     from pipeline.rounds import run_phase
     from pipeline.rundir import Manifest, RunDir, read_json
 
-    if launcher == "ray":
-        request.getfixturevalue("ray_cluster")
     site = plugin_distribution(tmp_path / "site", "tiny-orm-plugin", TINY_ORM, "tiny_orm = tiny_orm_plugin")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([child_env()["PYTHONPATH"], str(site)]))
-    cfg, policy, prm = _run_with_round0(tmp_path, mini_models, launcher, reward_model={"kinds": ["prm", "tiny_orm"],
+    cfg, policy, prm = _run_with_round0(tmp_path, mini_models, reward_model={"kinds": ["prm", "tiny_orm"],
                                                                              "holdout_fraction": 0.25},
                                         tracking={"tracking_uri": mlflow_tmp, "register_models": False})
     rows = [
