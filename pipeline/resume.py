@@ -142,8 +142,10 @@ class StopAtStepBoundary(TrainerCallback):
 @contextlib.contextmanager
 def stop_at_step_boundary():
     """The first SIGINT or SIGTERM only sets `STOP` (the trainer then saves and stops at the step's end, see
-    `StopAtStepBoundary`); a second one goes to the handler that was there before (`flows.signals`' or Prefect's:
-    it unwinds at once). Where a signal's default action stands (no handler of Python's), it is left alone."""
+    `StopAtStepBoundary`), and goes on, once the trainer has stopped there, to the handler that was there before
+    (`flows.signals`' or Prefect's), whose exception unwinds the run: Prefect's TerminationSignal is what ends a
+    flow run that a worker cancels CANCELLED rather than CRASHED. A second one goes to that handler at once.
+    Where a signal's default action stands (no handler of Python's), it is left alone."""
     # Off the main thread Python takes no signals; under `accelerate launch` each process would stop at its own
     # step (a signal reaches one process, or the processes at different steps) and the others wait for it in
     # their next collective: there a signal unwinds at once, and the periodic checkpoints are what resumes.
@@ -171,6 +173,8 @@ def stop_at_step_boundary():
         for s, h in previous.items():
             if callable(h) and signal.getsignal(s) is deferred:
                 signal.signal(s, h)
+    if len(taken) == 1:  # the trainer stopped at the boundary: now the signal's own handler raises
+        previous[taken[0]](taken[0], None)
 
 
 def generation_cycle(args) -> int:
@@ -212,7 +216,7 @@ def train_resumable(trainer: Trainer, fingerprint_: str) -> None:
                 trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         finally:
             STEP_CLOCK.stop()
-    if STOP.is_set():  # stopped at a step boundary, its checkpoint saved: unwind as the signal's exception would
+    if STOP.is_set():  # stopped at a step boundary (told by flows.signals' watchdog alone): unwind as a signal would
         raise KeyboardInterrupt("stopped at a step boundary; its checkpoint is kept for the resume")
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline.loading import config_from_dict
-from pipeline.resume import StopAtStepBoundary, claim, fingerprint, generation_cycle
+from pipeline.resume import StopAtStepBoundary, claim, fingerprint, generation_cycle, stop_at_step_boundary
 from pipeline.rundir import STOP, keep_resumable, last_checkpoint, scratch_dir
 from tests.helpers import SIZES, child_env, mini_config
 
@@ -262,6 +262,27 @@ def test_saves_and_stops_only_at_a_generation_batch_boundary(step, stop, saves, 
     finally:
         STOP.clear()
     assert (control.should_save, control.should_training_stop) == (saves, stops)
+
+
+class _Bridged(BaseException):
+    """What the handler before raises (Prefect's SIGTERM bridge: TerminationSignal)."""
+
+
+def test_a_signal_deferred_to_the_step_boundary_then_reaches_its_own_handler():
+    # Prefect's bridge raises TerminationSignal, which a worker's cancel needs for the flow run to end CANCELLED (the
+    # KeyboardInterrupt raised in its place before ended it CRASHED: tests/test_stack.py's cancel in round 1's GRPO).
+    def bridge(signum, frame):
+        raise _Bridged(signum)
+
+    previous = signal.signal(signal.SIGTERM, bridge)
+    try:
+        with pytest.raises(_Bridged), stop_at_step_boundary():
+            signal.raise_signal(signal.SIGTERM)
+            assert STOP.is_set()  # deferred: the trainer goes on to its step's end and saves there
+        assert signal.getsignal(signal.SIGTERM) is bridge
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        STOP.clear()
 
 
 def test_generation_cycle_in_optimizer_steps():
