@@ -150,23 +150,34 @@ def deploy(configs: list[Path], pool: str) -> None:
             raise SystemExit(f"igrpo deploy {c} failed")
 
 
-def submit_and_wait(names: list[str], timeout: float) -> tuple[dict[str, str], float]:
-    """A run of each deployment FLOW/<name>, all submitted at once (`prefect deployment run`); then each one's end
-    state ({name: state or its message}) and the wall seconds from submission to the last end."""
-    from prefect.client.orchestration import get_client
+def submit(names: list[str]) -> dict:
+    """A run of each deployment FLOW/<name>, all submitted at once (`prefect deployment run`): {name: its id}."""
     from prefect.deployments import run_deployment
 
+    return {name: run_deployment(f"{FLOW}/{name}", timeout=0).id for name in names}
+
+
+def wait(ids: dict, timeout: float) -> dict[str, str]:
+    """Each flow run's end state ({name: state, or state: its message}) once all have ended or `timeout` s passed."""
+    from prefect.client.orchestration import get_client
+
     t0 = time.monotonic()
-    ids = {name: run_deployment(f"{FLOW}/{name}", timeout=0).id for name in names}
     with get_client(sync_client=True) as client:
         while True:
             states = {name: client.read_flow_run(i).state for name, i in ids.items()}
             if all(s.type.value in DONE for s in states.values()) or time.monotonic() - t0 > timeout:
                 break
-            time.sleep(1)
-    return ({name: s.type.value if s.type.value in ("COMPLETED", "RUNNING", "PENDING", "SCHEDULED")
-             else f"{s.type.value}: {(s.message or '')[:300]}" for name, s in states.items()},
-            time.monotonic() - t0)
+            time.sleep(0.5)
+    return {name: s.type.value if s.type.value in ("COMPLETED", "RUNNING", "PENDING", "SCHEDULED")
+            else f"{s.type.value}: {(s.message or '')[:300]}" for name, s in states.items()}
+
+
+def submit_and_wait(names: list[str], timeout: float) -> tuple[dict[str, str], float]:
+    """A run of each deployment FLOW/<name>, all submitted at once; then each one's end state and the wall seconds
+    from submission to the last end."""
+    t0 = time.monotonic()
+    states = wait(submit(names), timeout)
+    return states, time.monotonic() - t0
 
 
 class Stack:

@@ -313,21 +313,22 @@ def stop_run(tmp_path, data: dict, *, hold: tuple[str, str, str] | None = None,
 # --- a complete mini run ----------------------------------------------------------------------------------
 
 
-def mlflow_structure(experiment: str) -> dict:
-    """Parent, round and phase runs of an experiment, by name."""
+def mlflow_structure(experiment: str, run_name: str | None = None) -> dict:
+    """Parent, round and phase runs of an experiment, by name; of the parents named `run_name` alone if given
+    (runs side by side in one experiment)."""
     exp = MlflowClient().get_experiment_by_name(experiment)
     runs = MlflowClient().search_runs([exp.experiment_id], max_results=1000)
     by_id = {r.info.run_id: r for r in runs}
-    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
+    parents = [r for r in runs if PARENT_TAG not in r.data.tags and run_name in (None, r.info.run_name)]
     children = lambda pid: sorted(r.info.run_name for r in runs if r.data.tags.get(PARENT_TAG) == pid)
     rounds = {r.info.run_name: r.info.run_id for r in runs if r.data.tags.get(PARENT_TAG) in {p.info.run_id for p in parents}}
     return {"parents": parents, "rounds": rounds, "phases": {name: children(rid) for name, rid in rounds.items()},
             "all": by_id}
 
 
-def assert_complete_run(cfg, experiment: str, maj_k: int = 4) -> None:
+def assert_complete_run(cfg, experiment: str, maj_k: int = 4, run_name: str | None = None) -> None:
     """Every phase of every round done, one shard of M x G samples per round, one MLflow run per round and phase,
-    and Maj@`maj_k` on the parent run once per round."""
+    and Maj@`maj_k` on the parent run once per round; `run_name`: of the parent of that name alone."""
     run_dir, rounds = cfg.run_dir, cfg.run.rounds
     manifest = read_json(run_dir / "manifest.json")
     assert set(manifest["phases"]) == {phase_key(r, p) for r in range(rounds + 1) for p in PHASES}
@@ -337,7 +338,7 @@ def assert_complete_run(cfg, experiment: str, maj_k: int = 4) -> None:
         assert len(rows) == cfg.collect.prompts_per_round * cfg.collect.samples_per_prompt
         assert {x["round"] for x in rows} == {r}
         assert len({(x["prompt_id"], x["sample_index"]) for x in rows}) == len(rows)
-    s = mlflow_structure(experiment)
+    s = mlflow_structure(experiment, run_name)
     assert len(s["parents"]) == 1
     assert sorted(s["rounds"]) == [f"round-{r:03d}" for r in range(rounds + 1)]
     for name, phases in s["phases"].items():
