@@ -38,7 +38,7 @@ from pathlib import Path
 from bench._common import ROOT, table
 from experiments import quickstart_seeds
 from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, pays, with_study, write_region
-from experiments.runner import Experiments, per_problem_of, restart_pinned, rounds_of, stoppable
+from experiments.runner import Experiments, restart_pinned, run_figures, stoppable
 from pipeline.evaluate import paired_difference
 from pipeline.loading import load_config
 
@@ -102,8 +102,7 @@ class Study(Experiments):
         iterative_rl(self.arm_config(arm, seed).model_dump(mode="json"))
         run = self.runs_dir / f"{self.task}-{arm}-s{seed}"
         # Per-problem eval figures, where eval.json has them, for the report's paired SE.
-        pp = {str(r): m for r, m in per_problem_of(run).items()}
-        return {"rounds": rounds_of(run), "overrides": overrides(arm), **({"per_problem": pp} if pp else {})}
+        return {**run_figures(run), "overrides": overrides(arm)}
 
 
 # --- the report ------------------------------------------------------------------------------------

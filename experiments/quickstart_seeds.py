@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench._common import ROOT, table
 from experiments.report import mean_se, write_region
-from experiments.runner import Experiments, per_problem_of, restart_pinned, rounds_of, stoppable
+from experiments.runner import Experiments, restart_pinned, run_figures, stoppable
 from pipeline.evaluate import paired_difference
 from pipeline.loading import load_config
 from pipeline.rundir import read_json
@@ -38,8 +38,7 @@ class Seeds(Experiments):
         from flows.iterative import iterative_rl
 
         iterative_rl(self.config(seed, [f"run.name={name}"]).model_dump(mode="json"))
-        run = self.runs_dir / name
-        return {"rounds": rounds_of(run), "per_problem": {str(r): m for r, m in per_problem_of(run).items()}}
+        return run_figures(self.runs_dir / name)
 
 
 def section(figures: Path = FIGURES) -> list[str]:

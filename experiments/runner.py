@@ -291,6 +291,13 @@ def per_problem_of(run_dir: Path) -> dict[int, dict]:
     return {r: pp for r, p in paths.items() if p.exists() and (pp := read_json(p).get("per_problem"))}
 
 
+def run_figures(run_dir: Path) -> dict:
+    """What a unit keeps of a finished pipeline run: its rounds' metrics (`rounds_of`) and, where eval.json kept
+    them, each round's per-problem figures (`per_problem`, round as a string key, as JSON gives it back)."""
+    pp = {str(r): m for r, m in per_problem_of(run_dir).items()}
+    return {"rounds": rounds_of(run_dir), **({"per_problem": pp} if pp else {})}
+
+
 def stoppable(prog: str, work) -> None:
     """`work()` with igrpo run's stop handling: a SIGTERM or Ctrl-C ends the arm as `igrpo run` would (resumable),
     and the exit (128 + the signal) unwinds, so Prefect's ephemeral server stops with us instead of outliving the
