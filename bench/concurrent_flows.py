@@ -5,6 +5,7 @@ Prefect home, its ephemeral server, and one new ./mlflow.db), each checked again
   python -m bench.concurrent_flows                      # 4 runs (seeds 0-3), 1 round each: about 10 minutes, 2 cores
   python -m bench.concurrent_flows --runs 2 --no-sqlite   # or --no-stack
   python -m bench.concurrent_flows --overhead 3         # a mini round tracked to the stack's MLflow vs a sqlite file
+  python -m bench.concurrent_flows --overhead 2 --quickstart   # the same on a quickstart round: ~12 min
 
 Per load: runs completed, errors (the first line of each failure), metrics lost or changed against the lone run of
 the same seed (every metric of the parent, round, phase and model runs but timings; `lost`), registered-model
@@ -43,10 +44,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_config(work: Path, name: str, seed: int, tracking_uri: str, overrides: dict | None = None) -> Path:
-    """configs/mini.yaml as run `name` of seed `seed`, its runs in `work`/runs, tracked to `tracking_uri`;
-    `overrides` ({section: {field: value}}) update its sections. The YAML file's path."""
-    data = mini_config(work)
+def run_config(work: Path, name: str, seed: int, tracking_uri: str, overrides: dict | None = None,
+               base: dict | None = None) -> Path:
+    """configs/mini.yaml (or the config `base`) as run `name` of seed `seed`, its runs in `work`/runs, tracked to
+    `tracking_uri`; `overrides` ({section: {field: value}}) update its sections. The YAML file's path."""
+    data = mini_config(work) if base is None else {**base, "run": {**base["run"], "runs_dir": str(work / "runs")},
+                                                   "tracking": dict(base["tracking"])}
     data["run"].update(name=name, seed=seed)
     data["tracking"]["tracking_uri"] = tracking_uri
     for section, values in (overrides or {}).items():
@@ -274,8 +277,17 @@ def on_stack(folder: Path, seeds: dict[str, int], workers: int, alone: dict[int,
         return report(f"{len(seeds)} on the stack, {workers} workers", states, wall, check(stack.mlflow, seeds, alone))
 
 
-def overhead(work: Path, repeats: int) -> None:
-    """`repeats` interleaved pairs: a lone mini run (1 round) tracked to the stack's MLflow, then to sqlite."""
+def overhead(work: Path, repeats: int, on_quickstart: bool) -> None:
+    """`repeats` interleaved pairs: a lone mini run (1 round) tracked to the stack's MLflow, then to sqlite; with
+    `on_quickstart`, the quickstart's round 0 and round 1 from its SFT policy (trained once, cached, untimed)."""
+    base = None
+    if on_quickstart:
+        from bench._common import bootstrapped_policy, quickstart
+
+        cfg = quickstart()
+        base = cfg.model_dump(mode="json", exclude_unset=False)
+        base["policy"]["model"] = str(bootstrapped_policy(cfg))
+        base["bootstrap"]["sft"] = False
     ratios = []
     with Stack(work / "stack", 1, user_env(work)) as stack:
         for i in range(repeats):
@@ -283,14 +295,15 @@ def overhead(work: Path, repeats: int) -> None:
             for kind, uri in (("server", stack.mlflow), ("sqlite", f"sqlite:///{work / f'm{i}.db'}")):
                 name = f"over-{kind}-{i}"
                 t0 = time.monotonic()
-                states, _ = on_sqlite(work, [run_config(work, name, 0, uri, {"run": {"rounds": 1}})])
+                states, _ = on_sqlite(work, [run_config(work, name, 0, uri, {"run": {"rounds": 1}}, base)])
                 seconds[kind] = time.monotonic() - t0
                 if states[name] != "COMPLETED":
                     raise SystemExit(f"{name} failed: {states[name]}")
             ratios.append(seconds["server"] / seconds["sqlite"])
             print(f"pair {i + 1}: server {seconds['server']:.1f} s, sqlite {seconds['sqlite']:.1f} s, "
                   f"ratio {ratios[-1]:.3f}", flush=True)
-    print(f"server/sqlite: {spread(ratios)} (median (min-max) of {repeats} pairs; goal <= 1.05)")
+    what = "the quickstart's rounds 0-1" if on_quickstart else "the mini config's rounds 0-1"
+    print(f"server/sqlite: {spread(ratios)} (median (min-max) of {repeats} pairs of {what}; goal <= 1.05)")
 
 
 def main(argv=None) -> int:
@@ -300,12 +313,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sqlite", action="store_true", help="skip the load on sqlite stores")
     ap.add_argument("--no-stack", action="store_true", help="skip the load on the stack")
     ap.add_argument("--overhead", type=int, metavar="K", help="instead: K interleaved pairs, MLflow server vs sqlite")
+    ap.add_argument("--quickstart", action="store_true", help="--overhead on the quickstart's round, not the mini's")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="igrpo-concurrent-"))  # not 0700-only: PostgreSQL may run as its own user
     work.chmod(0o755)
     try:
         if args.overhead:
-            overhead(work, args.overhead)
+            overhead(work, args.overhead, args.quickstart)
         else:
             concurrent(work, args.runs, args.workers, not args.no_sqlite, not args.no_stack)
     finally:
