@@ -43,11 +43,13 @@ def cmd_run(args) -> None:
 
         ephemeral_server_apart()
         args.stopper.at_hard_exit(lambda: abandon(cfg))
+    from flows.console import database_errors_folded
     from flows.iterative import iterative_rl
     from pipeline.compare import round_gain, rounds_from_run_dir, tables_text
 
     try:
-        result = iterative_rl(cfg.model_dump(mode="json"), force=args.force, checked=True)
+        with database_errors_folded(lambda: _why_down(cfg)):
+            result = iterative_rl(cfg.model_dump(mode="json"), force=args.force, checked=True)
     except Exception:
         _database_down(cfg, args.config)
         raise
@@ -59,15 +61,23 @@ def cmd_run(args) -> None:
           f"at {result['tracking_uri']}")
 
 
-def _database_down(cfg: PipelineConfig, config: str) -> None:
-    """A run that failed because its servers lost their database (the stack's PostgreSQL stopped or killed) stops
-    with one error naming it, not the traceback of whichever call met it first; the run directory keeps the rest."""
+def _why_down(cfg: PipelineConfig) -> str | None:
+    """Why the run's Prefect and MLflow servers cannot reach their database, or None (`flows.stack.database_down`)."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.stack import StackError, database_down
+    from flows.stack import database_down
     from pipeline import tracking
 
-    if why := database_down(PREFECT_API_URL.value(), tracking.mlflow.get_tracking_uri()):
+    return database_down(PREFECT_API_URL.value(), cfg.tracking.tracking_uri or tracking.mlflow.get_tracking_uri())
+
+
+def _database_down(cfg: PipelineConfig, config: str) -> None:
+    """A run that failed because its servers lost their database (the stack's PostgreSQL stopped or killed) stops
+    with one error naming it, not the traceback of whichever call met it first (Prefect's, dropped from the console
+    by `console.DatabaseDown`); the run directory keeps the rest."""
+    from flows.stack import StackError
+
+    if why := _why_down(cfg):
         raise StackError(f"the run stopped: the database is down: {why}. Start it again (`igrpo stack up`), then "
                          f"`igrpo run {config}` resumes the run") from None
 

@@ -19,9 +19,11 @@ user has set nothing (environment, Prefect profile): turning a thing back on is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import time
 import warnings
 
 PHASE_LOGGER = "pipeline"  # `pipeline.phases` logs one line per finished phase at INFO
@@ -82,6 +84,39 @@ def _hf_bars_off() -> None:
 
     if trainer.DEFAULT_PROGRESS_CALLBACK is trainer_callback.ProgressCallback:  # not in a notebook
         trainer.DEFAULT_PROGRESS_CALLBACK = BarOnly
+
+
+class DatabaseDown(logging.Filter):
+    """On Prefect's console handlers during `igrpo run`: once the run's servers say they lost their database (`down()`
+    gives why: `flows.stack.database_down`), Prefect's ERROR records (the failing task's and flow's tracebacks, each
+    logged as it fails, before the cause is known) are dropped, and the run stops with the one error that names it
+    (flows/cli.py). Asked at most once a second, and only on an ERROR record: a run whose database is up shows them."""
+
+    def __init__(self, down):
+        super().__init__()
+        self.down, self.why, self.asked = down, None, float("-inf")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.name.startswith("prefect"):
+            return True
+        if self.why is None and time.monotonic() - self.asked >= 1:
+            self.why, self.asked = self.down(), time.monotonic()
+        return self.why is None
+
+
+@contextlib.contextmanager
+def database_errors_folded(down):
+    """`DatabaseDown(down)` on the console handlers of Prefect's loggers (and the root's) while the block runs."""
+    fold = DatabaseDown(down)
+    handlers = {h for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs")
+                for h in logging.getLogger(name).handlers if isinstance(h, logging.StreamHandler)}
+    for h in handlers:
+        h.addFilter(fold)
+    try:
+        yield fold
+    finally:
+        for h in handlers:
+            h.removeFilter(fold)
 
 
 class _PhaseFormatter(logging.Formatter):

@@ -181,9 +181,42 @@ def test_a_database_down_is_named_by_the_servers_in_front_of_it():
             f"MLflow's server at {url} cannot read its database (500)")
         assert database_down(None, gone) == f"MLflow's server at {gone} does not answer"
         assert database_down(None, "sqlite:///mlflow.db") is None  # not a server: nothing to say
+        # `igrpo run`'s console meanwhile: Prefect's tracebacks of the failing task and flow are dropped once the
+        # servers say the database is down (the run's one error names it); its warnings and other libraries' errors stay.
+        Servers.code = 200
+        assert said_on_the_console(lambda: database_down(f"{url}/api", url)) == ["prefect.task_runs: failed",
+                                                                                "prefect: warned", "datasets.x: ours"]
+        Servers.code = 500
+        assert said_on_the_console(lambda: database_down(f"{url}/api", url)) == ["prefect: warned", "datasets.x: ours"]
     finally:
         server.shutdown()
         server.server_close()
+
+
+def said_on_the_console(down) -> list[str]:
+    """What a console handler on the root logger shows of Prefect's failing task, a warning and another library's error, logged
+    inside `database_errors_folded(down)`; the handler is left without the filter."""
+    import io
+    import logging
+
+    from flows.console import database_errors_folded
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("LOG %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        with database_errors_folded(down):
+            try:
+                raise ConnectionError("the server said 503")
+            except ConnectionError:
+                logging.getLogger("prefect.task_runs").error("failed", exc_info=True)
+            logging.getLogger("prefect").warning("warned")
+            logging.getLogger("datasets.x").error("ours")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert handler.filters == []
+    return [line.removeprefix("LOG ") for line in stream.getvalue().splitlines() if line.startswith("LOG ")]
 
 
 @pytest.fixture
