@@ -60,6 +60,7 @@ ARMS = {
     "labeltoken-progress": ["reward_model.head=label_tokens", *PROGRESS],
 }
 CENTRED = "supervision.process_centring=group"
+FROZEN = "docs/experiments/study47"  # issue 47's study: every unit of it from one commit (`--frozen`)
 LEARNED = ("prm-progress", "implicit", "implicit-prime", "labeltoken-progress")  # the arms whose step values a learned RM gives
 KEYS = ("eval/maj@8", "eval/greedy", "eval/pass@1")
 
@@ -194,12 +195,52 @@ def report(a: argparse.Namespace, out: Path) -> Path:
                if per_problem else "Per problem: **not kept** (these units kept no per-problem eval figures, so "
                "no per-problem paired SE can be given for them)."),
             "", *task_section(units, a.rounds)]), ""]
+    md += frozen_section(a)
     out_text = out.read_text() if out.exists() else ""
     # The verdicts written by hand under the tables (paragraphs opening "**What held") are kept as written.
     old = out_text.partition(BEGIN)[2].partition(END)[0]
     md += [p.strip() + "\n" for p in old.split("\n\n") if p.strip().startswith("**What held")]
     out.write_text(with_study(out_text, "\n".join([BEGIN, *md, END])))
     return out
+
+
+def room(units: dict[str, dict], last: int) -> list[str]:
+    """Issue 47's test of a task with room (point 4), on its verifier arm: per seed, round 0's Maj@8 within
+    [0.5, 0.8] and the gain to round `last` at least 0.05, with the gain's paired SE per eval problem."""
+    base, rows = figures(units).get("verifier", {}), []
+    for seed, r in sorted(base.items()):
+        if last not in r:
+            continue
+        first, end = r[0]["eval/maj@8"], r[last]["eval/maj@8"]
+        pp = [r[x].get("per_problem", {}).get("maj@8") for x in (0, last)]
+        se = f"{paired_difference(*pp)[1]:.3f}" if None not in pp else "not kept"
+        rows.append([str(seed), f"{first:.3f}", "yes" if 0.5 <= first <= 0.8 else "**no**", f"{end:.3f}",
+                     f"{end - first:+.3f}", se, "yes" if end - first >= 0.05 else "**no**"])
+    return [table(["seed", "verifier Maj@8 round 0", "within [0.5, 0.8]", f"round {last}", "gain", "paired SE",
+                   "gain >= 0.05"], rows)] if rows else ["No verifier unit yet."]
+
+
+def frozen_section(a: argparse.Namespace) -> list[str]:
+    """Issue 47's study (point 6): every unit from one commit, in `a.frozen`/<task>; the room check (point 4) and the
+    arms' table, each a generated region."""
+    md, frozen = [], getattr(a, "frozen", FROZEN)
+    for task in TASKS:
+        units = Study(argparse.Namespace(**{**vars(a), "figures": frozen}), task).kept()
+        arms = {u for u in units if not u.startswith("sft-")}
+        if not arms:
+            continue
+        commits = sorted({u["commit"] for u in units.values()})
+        machines = sorted({u["machine"] for u in units.values()})
+        seeds = sorted({int(u.rsplit("-s", 1)[1]) for u in arms})
+        md += [f"### Issue 47's study on `{task}`, from one commit", "", *region(f"frozen-{task}", [
+            f"Command: `python -m experiments.credit_study --tasks {task} --seeds {' '.join(map(str, seeds))} "
+            f"--figures {frozen}` with `--only` per arm, every unit from {', '.join(f'`{c}`' for c in commits)} "
+            f"on {'; '.join(machines)} (sum of wall times {sum(u['seconds'] for u in units.values()) / 60:.0f} min, "
+            "the machine's load included). Every arm of a seed starts from that seed's SFT policy and is evaluated "
+            "on the same problems with the same sampling seeds, so gaps pair per problem.", "",
+            "Room to learn (point 4): the verifier arm per seed.", "", *room(units, a.rounds), "",
+            "The arms against the verifier, by the rule above:", "", *task_section(units, a.rounds)]), ""]
+    return md
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -211,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=2, help="RL rounds after round 0")
     ap.add_argument("--runs-dir", default="runs/credit")
     ap.add_argument("--figures", default="docs/experiments/credit")
+    ap.add_argument("--frozen", default=FROZEN,
+                    help="issue 47's study from one commit: run with --figures this; its sections read it")
     ap.add_argument("--out", default="docs/results.md")
     ap.add_argument("--experiment", default="iterative-grpo-credit")
     ap.add_argument("--tracking-uri")

@@ -4,9 +4,9 @@ resumes: to the same figures, with nothing lost, redone or doubled.
 Small subprocesses drive `flows.signals.stop_on_signals` (a cleanup that finishes, one that hangs, a second
 signal); in-process tests hit the windows a signal can land in (an MLflow read, a phase run just created, an
 exception swallowed); one chain stops a real `igrpo run` again and again (tests/helpers.py's `stop_run`: a
-subprocess of its own session, its process group killed after it): signalled in SFT, collection and GRPO as a
-terminal (Ctrl-C to the whole process group), `timeout` and systemd do, then SIGKILLed inside round 1's collection
-and RM training, each resume stopped one phase further.
+subprocess of its own session, its process group killed after it): signalled in SFT as a terminal does (Ctrl-C to
+the whole process group) and in GRPO as `timeout` and systemd do, then SIGKILLed inside round 1's collection and RM
+training, each resume stopped one phase further.
 """
 
 from __future__ import annotations
@@ -185,10 +185,10 @@ def test_a_signal_inside_an_mlflow_read_still_ends_the_run_killed(mlflow_tmp, mo
 # set do (the 10-20 s of a server start saved).
 STOPS = [
     (0, "policy", signal.SIGINT, True, "step"),  # SFT; Ctrl-C in a terminal reaches Prefect's server too
-    # `kill`, `timeout`, systemd, Kubernetes: into its model load and first batch (SIGTERM in a trainer's loop:
-    # test_resume.py's stop in a step longer than the grace)
-    (0, "collect", signal.SIGTERM, False, "start"),
-    (1, "policy", signal.SIGINT, False, "step"),  # GRPO (SIGKILLed in its loop: test_resume.py's GRPO test)
+    # GRPO; SIGTERM as `kill`, `timeout`, systemd, Kubernetes send it (SIGKILLed in its loop: test_resume.py's GRPO
+    # test). Round 0's collect, stopped as it started, was a stop here too until 2026-12-06: ~11 s of the suite's
+    # 10 minutes for the same handler at another phase (test_resume.py: SIGTERM in a step longer than the grace).
+    (1, "policy", signal.SIGTERM, False, "step"),
     # collect: every sample labelled, the shard not yet written
     (1, "collect", signal.SIGKILL, False, ("pipeline.collect", "write_shard", "round-001/samples.parquet")),
     # reward_model: the PRM trained and saved, the ORM trained but not saved
@@ -228,8 +228,8 @@ def _assert_nothing_redone(before: dict, after: dict, stopped: str | None) -> No
 @pytest.mark.usefixtures("isolated")
 def test_stopped_phase_after_phase_then_resumed_to_the_figures_of_an_uninterrupted_run(tmp_path, prefect_harness,
                                                                                      mlflow_tmp, mini_run):
-    """`igrpo run` stopped inside round 0 (SIGINT in SFT, SIGTERM in collect) and inside round 1 (SIGINT in
-    GRPO's training loop, then SIGKILL held inside collect and reward_model with their work half done), each
+    """`igrpo run` stopped inside round 0 (SIGINT in SFT) and inside round 1 (SIGTERM in GRPO's training loop, then
+    SIGKILL held inside collect and reward_model with their work half done), each
     resume stopped again further on, all in one run directory; a last, in-process rerun finishes the run. Every
     stop within seconds, cleanly or (SIGKILL) with a stale lock that the next run takes over; nothing lost, redone
     or doubled; the figures those of the session's uninterrupted mini run (the same config, one round less)."""
