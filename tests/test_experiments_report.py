@@ -290,3 +290,30 @@ def test_the_credit_study_gives_the_per_problem_paired_se_where_the_units_kept_p
     # per-problem differences 0, 1, 0, 0 on each seed: mean 0.25, SD 0.452, paired SE 0.452 / sqrt(12) = 0.131;
     # the per-seed gaps are all +0.25 (SD 0, SE 0): 2 SE above 0 and 3 of 3, so it pays
     assert "| +0.250 ± 0.131 SE | 3 of 3 | pays |" in row and "Per problem: the differences" in text
+
+
+def test_the_frozen_studys_section_checks_the_room_per_seed_and_pairs_its_arms(tmp_path):
+    """Issue 47's study (`--frozen`): its own section per task, the room check of point 4 on the verifier arm (round
+    0's Maj@8 within [0.5, 0.8], a gain of at least 0.05, with its paired SE) and the arms' table by the rule."""
+    import argparse
+
+    from pipeline.rundir import read_json, write_json_atomic
+
+    frozen = tmp_path / "frozen"
+    for seed, (start, end) in enumerate([(0.66, 0.76), (0.85, 0.95), (0.70, 0.72)]):
+        _credit_unit(frozen, "quickstart", "verifier", seed, {0: start, 1: start, 2: end})
+        _credit_unit(frozen, "quickstart", "oracle-progress", seed, {0: start, 1: start, 2: end + 0.01})
+    path = frozen / "quickstart" / "verifier-s0.json"  # seed 0 kept its per-problem figures: 4 problems
+    write_json_atomic(path, {**read_json(path), "per_problem": {"0": {"maj@8": [1, 0, 0, 1]},
+                                                                "2": {"maj@8": [1, 1, 0, 1]}}})
+    a = argparse.Namespace(runs_dir=str(tmp_path / "runs"), figures=str(tmp_path / "credit"), frozen=str(frozen),
+                           rounds=2, smoke=False, experiment="x", tracking_uri=None, mc_prompts=0)
+    text = "\n".join(study.frozen_section(a))
+    assert "### Issue 47's study on `quickstart`, from one commit" in text and "long-chains" not in text
+    assert "<!-- generated: frozen-quickstart -->" in text and "every unit from `abc1234`" in text
+    # per-problem differences 0, 1, 0, 0: mean 0.25, SD 0.5, paired SE 0.25
+    assert "| 0 | 0.660 | yes | 0.760 | +0.100 | 0.250 | yes |" in text
+    assert "| 1 | 0.850 | **no** | 0.950 | +0.100 | not kept | yes |" in text
+    assert "| 2 | 0.700 | yes | 0.720 | +0.020 | not kept | **no** |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `oracle-progress` |"))
+    assert "| +0.010 / +0.010 / +0.010 |" in row and "| 3 of 3 | pays |" in row
