@@ -5,8 +5,8 @@ Small subprocesses drive `flows.signals.stop_on_signals` (a cleanup that finishe
 signal); in-process tests hit the windows a signal can land in (an MLflow read, a phase run just created, an
 exception swallowed); one chain stops a real `igrpo run` again and again (tests/helpers.py's `stop_run`: a
 subprocess of its own session, its process group killed after it): signalled in SFT as a terminal does (Ctrl-C to
-the whole process group) and in GRPO as `timeout` and systemd do, then SIGKILLed inside round 1's collection and RM
-training, each resume stopped one phase further.
+the whole process group) and in GRPO as `timeout` and systemd do, then SIGKILLed inside round 1's RM training,
+each resume stopped one phase further.
 """
 
 from __future__ import annotations
@@ -189,8 +189,9 @@ STOPS = [
     # test). Round 0's collect, stopped as it started, was a stop here too until 2026-12-06: ~11 s of the suite's
     # 10 minutes for the same handler at another phase (test_resume.py: SIGTERM in a step longer than the grace).
     (1, "policy", signal.SIGTERM, False, "step"),
-    # collect: every sample labelled, the shard not yet written
-    (1, "collect", signal.SIGKILL, False, ("pipeline.collect", "write_shard", "round-001/samples.parquet")),
+    # collect: not stopped here since 2026-12-06 (~11 s): a SIGKILL with every sample labelled and the shard not yet
+    # written left the phase unrecorded and was redone whole, as the reward_model stop below shows for a phase's
+    # half-written outputs (test_resume.py: a collection stopped after a part resumes after it).
     # reward_model: the PRM trained and saved, the ORM trained but not saved
     (1, "reward_model", signal.SIGKILL, False, ("pipeline.reward_model", "save_reward_model", "round-001/reward_model/orm")),
     # eval: not stopped here (~13 s a stop). A SIGKILL there, after eval.json and before its record, was this
@@ -229,7 +230,7 @@ def _assert_nothing_redone(before: dict, after: dict, stopped: str | None) -> No
 def test_stopped_phase_after_phase_then_resumed_to_the_figures_of_an_uninterrupted_run(tmp_path, prefect_harness,
                                                                                      mlflow_tmp, mini_run):
     """`igrpo run` stopped inside round 0 (SIGINT in SFT) and inside round 1 (SIGTERM in GRPO's training loop, then
-    SIGKILL held inside collect and reward_model with their work half done), each
+    SIGKILL held inside reward_model with its work half done), each
     resume stopped again further on, all in one run directory; a last, in-process rerun finishes the run. Every
     stop within seconds, cleanly or (SIGKILL) with a stale lock that the next run takes over; nothing lost, redone
     or doubled; the figures those of the session's uninterrupted mini run (the same config, one round less)."""
