@@ -179,7 +179,8 @@ def report(a: argparse.Namespace, out: Path) -> Path:
           f"{a.rounds} RL rounds on the task's config (its budgets, `configs/<task>.yaml`) plus the arm's overrides:",
           "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
                      + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]])]),
-          "", "### The quickstart learns (issue 47)", "", *region("quickstart-learns", quickstart_seeds.section()), ""]
+          "", "### The quickstart learns (issue 47)", "", *region("quickstart-learns", quickstart_seeds.section()), "",
+          *frozen_section(a)]
     for task in TASKS:
         if not (units := kept[task]):
             md += [f"### {task}", "", "Not measured yet.", ""]
@@ -195,7 +196,6 @@ def report(a: argparse.Namespace, out: Path) -> Path:
                if per_problem else "Per problem: **not kept** (these units kept no per-problem eval figures, so "
                "no per-problem paired SE can be given for them)."),
             "", *task_section(units, a.rounds)]), ""]
-    md += frozen_section(a)
     out_text = out.read_text() if out.exists() else ""
     # The verdicts written by hand under the tables (paragraphs opening "**What held") are kept as written.
     old = out_text.partition(BEGIN)[2].partition(END)[0]

@@ -575,8 +575,11 @@ def glance(figures: Path, learned: tuple[str, ...]) -> str:
     credit study's quickstart arms (`learned`: those whose step values a learned RM gives)."""
     data = {arm: {int(k.stem.rsplit("-s", 1)[1]): {int(r): m for r, m in read_json(k)["rounds"].items()}
                   for k in sorted(figures.glob(f"{arm}-s*.json"))} for arm in ARMS}
+    # Issue 47's study (every unit from one commit) once it has a learned arm; before it, issue 39's units.
+    frozen = figures / "study47" / "quickstart"
+    frozen = any(next(frozen.glob(f"{arm}-s*.json"), None) for arm in learned)
     credit = {}
-    for k in sorted((figures / "credit" / "quickstart").glob("*-s*.json")):
+    for k in sorted((figures / ("study47" if frozen else "credit") / "quickstart").glob("*-s*.json")):
         arm, seed = k.stem.rsplit("-s", 1)
         if "rounds" in (kept := read_json(k)):
             credit.setdefault(arm, {})[int(seed)] = {int(r): m for r, m in kept["rounds"].items()}
@@ -615,7 +618,8 @@ def glance(figures: Path, learned: tuple[str, ...]) -> str:
         ["A learned RM above the verifier (progress credit, implicit or label-token PRM)?",
          f"Maj@8 - the verifier's on the quickstart, the best (`{best}`): {gap(best, d=credit)}, "
          + ("pays" if pays(paired(credit, best, "verifier", 2, maj)) else "does not pay"),
-         "[issue 39](docs/results.md#process-rewards-that-pay-issue-39)"],
+         "[issue 47](docs/results.md#issue-47s-study-on-quickstart-from-one-commit)" if frozen
+         else "[issue 39](docs/results.md#process-rewards-that-pay-issue-39)"],
     ]
     return table(["question", "here: round 2, mean ± SE over seeds", ""], rows) + "\n"
 
