@@ -576,10 +576,10 @@ def glance(figures: Path, learned: tuple[str, ...]) -> str:
     data = {arm: {int(k.stem.rsplit("-s", 1)[1]): {int(r): m for r, m in read_json(k)["rounds"].items()}
                   for k in sorted(figures.glob(f"{arm}-s*.json"))} for arm in ARMS}
     # Issue 47's study (every unit from one commit) once it has a learned arm; before it, issue 39's units.
-    frozen = figures / "study47" / "quickstart"
-    frozen = any(next(frozen.glob(f"{arm}-s*.json"), None) for arm in learned)
+    study47 = figures / "study47" / "quickstart"
+    frozen = any(next(study47.glob(f"{arm}-s*.json"), None) for arm in learned)
     credit = {}
-    for k in sorted((figures / ("study47" if frozen else "credit") / "quickstart").glob("*-s*.json")):
+    for k in sorted((study47 if frozen else figures / "credit" / "quickstart").glob("*-s*.json")):
         arm, seed = k.stem.rsplit("-s", 1)
         if "rounds" in (kept := read_json(k)):
             credit.setdefault(arm, {})[int(seed)] = {int(r): m for r, m in kept["rounds"].items()}
