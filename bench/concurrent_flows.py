@@ -18,6 +18,7 @@ removed at the end (the stack stopped by pid first).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import re
 import shutil
@@ -48,9 +49,8 @@ def run_config(work: Path, name: str, seed: int, tracking_uri: str, overrides: d
                base: dict | None = None) -> Path:
     """configs/mini.yaml (or the config `base`) as run `name` of seed `seed`, its runs in `work`/runs, tracked to
     `tracking_uri`; `overrides` ({section: {field: value}}) update its sections. The YAML file's path."""
-    data = mini_config(work) if base is None else {**base, "run": {**base["run"], "runs_dir": str(work / "runs")},
-                                                   "tracking": dict(base["tracking"])}
-    data["run"].update(name=name, seed=seed)
+    data = mini_config(work) if base is None else copy.deepcopy(base)
+    data["run"].update(name=name, seed=seed, runs_dir=str(work / "runs"))
     data["tracking"]["tracking_uri"] = tracking_uri
     for section, values in (overrides or {}).items():
         data.setdefault(section, {}).update(values)

@@ -47,12 +47,12 @@ def cmd_run(args) -> None:
     from flows.iterative import iterative_rl
     from pipeline.compare import round_gain, rounds_from_run_dir, tables_text
 
-    try:
-        with database_errors_folded(lambda: _why_down(cfg)):
+    with database_errors_folded(lambda: _why_down(cfg)) as folded:
+        try:
             result = iterative_rl(cfg.model_dump(mode="json"), force=args.force, checked=True)
-    except Exception:
-        _database_down(cfg, args.config)
-        raise
+        except Exception:
+            _database_down(folded.reason(), args.config)
+            raise
     print(tables_text([(cfg.run.name, rounds_from_run_dir(cfg.run_dir))]))
     if gain := round_gain(cfg.run_dir, cfg.run.name):
         print(gain)
@@ -71,13 +71,13 @@ def _why_down(cfg: PipelineConfig) -> str | None:
     return database_down(PREFECT_API_URL.value(), cfg.tracking.tracking_uri or tracking.mlflow.get_tracking_uri())
 
 
-def _database_down(cfg: PipelineConfig, config: str) -> None:
-    """A run that failed because its servers lost their database (the stack's PostgreSQL stopped or killed) stops
-    with one error naming it, not the traceback of whichever call met it first (Prefect's, dropped from the console
-    by `console.DatabaseDown`); the run directory keeps the rest."""
+def _database_down(why: str | None, config: str) -> None:
+    """A run that failed because its servers lost their database (`why`: the stack's PostgreSQL stopped or killed)
+    stops with one error naming it, not the traceback of whichever call met it first (Prefect's, dropped from the
+    console by `console.DatabaseDown`, which found `why` first); the run directory keeps the rest."""
     from flows.stack import StackError
 
-    if why := _why_down(cfg):
+    if why:
         raise StackError(f"the run stopped: the database is down: {why}. Start it again (`igrpo stack up`), then "
                          f"`igrpo run {config}` resumes the run") from None
 

@@ -96,11 +96,17 @@ class DatabaseDown(logging.Filter):
         super().__init__()
         self.down, self.why, self.asked = down, None, float("-inf")
 
+    def reason(self) -> str | None:
+        """Why the database is down: as found while the run ran, else asked now; None if it is up."""
+        if self.why is None:
+            self.why, self.asked = self.down(), time.monotonic()
+        return self.why
+
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR or not record.name.startswith("prefect"):
             return True
-        if self.why is None and time.monotonic() - self.asked >= 1:
-            self.why, self.asked = self.down(), time.monotonic()
+        if time.monotonic() - self.asked >= 1:
+            self.reason()
         return self.why is None
 
 
