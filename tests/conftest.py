@@ -19,6 +19,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+# Under pytest-xdist (the README's `-n 2`), one torch thread a worker: two workers of two OpenMP threads each on two
+# cores spin against each other (the suite ran slower on 2 workers than on 1). Children (`igrpo run`, launches)
+# inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 # After the environment above, as every import of the suite.
 from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config  # noqa: E402
 
@@ -31,6 +37,28 @@ from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config 
 # stays until the session ends.
 REFREEZE = 25
 _tests_begun = 0
+
+
+# The README's command runs the suite on both cores (`-n 2 --dist loadgroup`, pytest-xdist): one pytest process uses
+# ~1 core, most of the suite being Python and small tensors. Each worker makes its own session and module fixtures,
+# so tests go to the workers in groups that make each costly one once: a file's tests together (as `--dist loadfile`),
+# and across files, the tests on the finished mini run (~40 s), and those on the mini models with their 1- and
+# 2-process launches and the two Ray nodes (~40 s together).
+# The longest groups go first (`--no-loadscope-reorder` in pyproject keeps this order), so that no long one is left
+# to run alone at the end: ~60-100 s each, from `--durations=0` on 2 workers.
+SHARED = {"mini_run": "mini-run", "mini_models": "launched", "_ray_nodes": "launched"}
+FIRST = ["test_stack.py", "test_recipe_gsm8k.py", "launched", "test_signals.py", "mini-run", "test_training.py"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    def group(item):
+        return next((g for fixture, g in SHARED.items() if fixture in item.fixturenames), item.path.name)
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' order is the run's; a plain run keeps the files' order
+        items.sort(key=lambda item: FIRST.index(group(item)) if group(item) in FIRST else len(FIRST))
 
 
 def pytest_runtest_setup(item):

@@ -7,6 +7,7 @@ tqdm's environment for in-process tests) and run a failing one.
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -86,6 +87,13 @@ def test_a_failing_phase_still_shows_its_error(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(pipeline.bootstrap, "run_bootstrap", broken)
     config = tmp_path / "mini.yaml"
     config.write_text(yaml.safe_dump(mini_config(tmp_path)))
+    # Prefect sets its console handlers up once a process, on the stderr of that moment: after an earlier test's
+    # in-process flow (the GSM8K recipe's, say), that test's capture. Point them at this stderr, as in a fresh process.
+    from prefect.logging.handlers import PrefectConsoleHandler
+    for h in {h for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs")
+              for h in logging.getLogger(name).handlers if isinstance(h, PrefectConsoleHandler)}:
+        monkeypatch.setattr(h, "stream", sys.stderr)
+        monkeypatch.setattr(h.console, "file", sys.stderr)
     capfd.readouterr()
     with pytest.raises(RuntimeError, match="the disk caught fire"):  # out of igrpo: Python prints it and exits 1
         main(["run", str(config)])
