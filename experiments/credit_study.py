@@ -37,7 +37,7 @@ from pathlib import Path
 
 from bench._common import ROOT, table
 from experiments import quickstart_seeds
-from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, pays, with_study, write_region
+from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, verdict, with_study, write_region
 from experiments.runner import Experiments, restart_pinned, run_figures, stoppable
 from pipeline.evaluate import paired_difference
 from pipeline.loading import load_config
@@ -153,7 +153,7 @@ def task_section(kept: dict[str, dict], last: int) -> list[str]:
                      " / ".join(f"{d:+.3f}" for d in diffs) if vs else "-", fmt_se(diffs) if vs else "-",
                      problem_gap(data[arm], base, paired, last, "maj@8") if vs else "-",
                      f"{sum(d >= 0 for d in diffs)} of {len(diffs)}" if vs else "-",
-                     ("pays" if pays(diffs) else "does not pay") if vs else "-",
+                     verdict(diffs) if vs else "-",
                      f"{statistics.mean(share):.2f}" if share else "-"])
     return [table(["arm", "seeds", "Maj@8 round 0 (seed " + (str(min(base)) if base else "-") + ")",
                    f"Maj@8 round {last} (per seed)", f"greedy round {last}", f"Pass@1 round {last}",

@@ -73,10 +73,21 @@ def pays(gaps: list[float]) -> bool:
     >>> pays([0.02, 0.03, -0.001])  # 3 seeds, one below
     False
     """
-    if len(gaps) < 2:
+    if len(gaps) < 3:  # the rule is set for 3 or 5 seeds: two equal gaps would give an SE of 0
         return False
     mean, se = mean_se(gaps)
     return mean > 0 and mean >= 2 * se and sum(g >= 0 for g in gaps) >= seeds_needed(len(gaps))
+
+
+def verdict(gaps: list[float]) -> str:
+    """The rule's word for an arm's per-seed gaps: none below 3 seeds, where the rule is not defined.
+
+    >>> verdict([0.003, 0.003]), verdict([0.005, 0.003, 0.008]), verdict([0.02, 0.03, -0.001])
+    ('no verdict (2 seeds)', 'pays', 'does not pay')
+    """
+    if len(gaps) < 3:
+        return f"no verdict ({len(gaps)} seed{'' if len(gaps) == 1 else 's'})"
+    return "pays" if pays(gaps) else "does not pay"
 
 
 def fmt_se(xs: list[float]) -> str:
@@ -472,7 +483,7 @@ def hybrid_and_oracle(data: dict, seeds: list[int], rounds: list[int], img: Path
     rows3 = [[LABELS[arm]] + [fmt(values(data, arm, r, "eval/maj@8"), n) for r in rounds]
              + [fmt_se(d := paired(data, arm, "verifier", last, "eval/maj@8")) if arm != "verifier" else "-",
                 f"{sum(x >= 0 for x in d)} of {len(d)}" if arm != "verifier" else "-",
-                ("pays" if pays(d) else "does not pay") if arm != "verifier" else "-",
+                verdict(d) if arm != "verifier" else "-",
                 fmt(values(data, arm, last, SHARE), n) if arm == chosen else "-"]
              for arm in compared if arm in data]
     plot_lines(img and img / "pay_their_way.png", [
@@ -617,7 +628,7 @@ def glance(figures: Path, learned: tuple[str, ...]) -> str:
          f"Maj@8 - the verifier's: hybrid {gap('hybrid-min-w0.5')}, oracle {gap('oracle')}", "§6"],
         ["A learned RM above the verifier (progress credit, implicit or label-token PRM)?",
          f"Maj@8 - the verifier's on the quickstart, the best (`{best}`): {gap(best, d=credit)}, "
-         + ("pays" if pays(paired(credit, best, "verifier", 2, maj)) else "does not pay"),
+         + verdict(paired(credit, best, "verifier", 2, maj)),
          "[issue 47](docs/results.md#issue-47s-study-on-quickstart-from-one-commit)" if frozen
          else "[issue 39](docs/results.md#process-rewards-that-pay-issue-39)"],
     ]

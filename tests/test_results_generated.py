@@ -92,6 +92,7 @@ def test_mean_se_worked_examples():
     ([0.02, 0.03, -0.001], False),               # 3 seeds, one below
     ([0.0, 0.0, 0.0], False),                    # a zero effect: mean not above 0
     ([0.05], False),                             # one seed: no SE
+    ([0.003, 0.003], False),                     # two equal seeds: an SE of 0, and the rule asks 3 or 5 seeds
 ])
 def test_the_decision_rule(gaps, verdict):
     assert ex.pays(gaps) is verdict
