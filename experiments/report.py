@@ -63,6 +63,9 @@ def seeds_needed(n: int) -> int:
     return n - 1 if n >= 5 else n
 
 
+MIN_SEEDS = 3  # the rule is set for 3 or 5 seeds: below 3 it gives no verdict (two equal gaps have an SE of 0)
+
+
 def pays(gaps: list[float]) -> bool:
     """`RULE`: the per-seed gaps to the verifier have a mean above 0 by at least 2 SE, and enough seeds are >= 0.
 
@@ -73,7 +76,7 @@ def pays(gaps: list[float]) -> bool:
     >>> pays([0.02, 0.03, -0.001])  # 3 seeds, one below
     False
     """
-    if len(gaps) < 3:  # the rule is set for 3 or 5 seeds: two equal gaps would give an SE of 0
+    if len(gaps) < MIN_SEEDS:
         return False
     mean, se = mean_se(gaps)
     return mean > 0 and mean >= 2 * se and sum(g >= 0 for g in gaps) >= seeds_needed(len(gaps))
@@ -85,7 +88,7 @@ def verdict(gaps: list[float]) -> str:
     >>> verdict([0.003, 0.003]), verdict([0.005, 0.003, 0.008]), verdict([0.02, 0.03, -0.001])
     ('no verdict (2 seeds)', 'pays', 'does not pay')
     """
-    if len(gaps) < 3:
+    if len(gaps) < MIN_SEEDS:
         return f"no verdict ({len(gaps)} seed{'' if len(gaps) == 1 else 's'})"
     return "pays" if pays(gaps) else "does not pay"
 

@@ -52,13 +52,13 @@ FIRST = ["test_stack.py", "test_recipe_gsm8k.py", "launched", "test_signals.py",
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    def group(item):
-        return next((g for fixture, g in SHARED.items() if fixture in item.fixturenames), item.path.name)
-
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
+    group = {item: next((g for fixture, g in SHARED.items() if fixture in item.fixturenames), item.path.name)
+             for item in items}
+    for item, name in group.items():
+        item.add_marker(pytest.mark.xdist_group(name))
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' order is the run's; a plain run keeps the files' order
-        items.sort(key=lambda item: FIRST.index(group(item)) if group(item) in FIRST else len(FIRST))
+        rank = {name: i for i, name in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(group[item], len(FIRST)))
 
 
 def pytest_runtest_setup(item):
