@@ -12,6 +12,9 @@ is the sampling noise alone.
     python -m experiments.round_noise runs/smollm2-arith --rounds 0 --policy runs/other/round-002/policy
     python -m experiments.round_noise runs/smollm2-arith --rounds 0 2 --fresh 300     # 400 problems: half the SE
 
+`--out FILE.json` keeps what was measured: every policy's per-problem values for each seed, so that any two
+policies' paired difference can be remade from the file (experiments/smollm2_control.py's report reads it).
+
 `--fresh N` adds N problems that neither of the run's splits holds (the embedded set only): its generator draws
 problems in a fixed order, test first, then train, so the N drawn after the run's `num_train` training problems
 are new to every policy trained on that run's problems (SFT, GRPO and collection read the train split only).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +36,7 @@ from pipeline.fanout import open_sampler
 from pipeline.loading import config_from_dict
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
-from pipeline.rundir import RunDir
+from pipeline.rundir import RunDir, write_json_atomic
 
 
 def per_problem(cfg, problem_set, problems: list, policy: Path, seed: int) -> dict[str, np.ndarray]:
@@ -70,6 +74,7 @@ def main() -> None:
     ap.add_argument("--policy", type=Path, action="append", default=[], help="another policy checkpoint (repeatable)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="sampling seeds (the run's seed is added)")
     ap.add_argument("--fresh", type=int, default=0, help="N more problems, in neither split (embedded set only)")
+    ap.add_argument("--out", type=Path, help="keep every policy's per-problem values in this JSON file")
     args = ap.parse_args()
     cfg = config_from_dict(json.loads((args.run_dir / "manifest.json").read_text())["config"])
     problem_set = problem_set_from_config(cfg)
@@ -81,9 +86,11 @@ def main() -> None:
           f"T={cfg.eval.temperature}; differences against {names[0]}")
     print(f"{'seed':>4} {'policy':<44} {'metric':<8} {'value':>6} {'diff':>7} {'paired SE':>9} {'unpaired SE':>11}")
     diffs: dict[tuple[str, str], list[float]] = {}
+    kept: dict[str, dict] = {}
     for s in args.seeds:
         values = {name: per_problem(cfg, problem_set, problems, path, cfg.run.seed + s)
                   for name, path in policies.items()}
+        kept[str(s)] = {name: {k: v.tolist() for k, v in m.items()} for name, m in values.items()}
         base = values[names[0]]
         for name in names:
             for k, y in values[name].items():
@@ -93,6 +100,12 @@ def main() -> None:
                 diffs.setdefault((name, k), []).append(d.mean())
                 print(f"{s:>4} {name[-44:]:<44} {k:<8} {y.mean():>6.3f} {d.mean():>+7.3f} {paired:>9.3f} "
                       f"{unpaired:>11.3f}")
+    if args.out:
+        write_json_atomic(args.out, {
+            "command": "python -m experiments.round_noise " + " ".join(sys.argv[1:]), "run_dir": str(args.run_dir),
+            "problems": len(problems), "fresh": args.fresh, "samples": cfg.eval.samples_per_problem,
+            "temperature": cfg.eval.temperature, "policies": {n: str(p) for n, p in policies.items()},
+            "per_problem": kept})
     if len(args.seeds) > 1:
         for (name, k), v in diffs.items():
             if name != names[0]:
