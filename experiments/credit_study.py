@@ -13,6 +13,8 @@ verdicts written by hand under its tables (paragraphs opening "**What held") are
   oracle-progress      hybrid: the verifier's outcome advantage + each token's own step's progress (PAV), gold values
   mc-progress          as oracle-progress, online Monte-Carlo values (VinePPO: 4 rollouts of the current policy from
                        each step prefix, during GRPO; no learned RM in GRPO)
+  mc-progress-wc       mc-progress at the verifier's wall-clock: GRPO steps cut to what the verifier's GRPO phase
+                       does in the same time (issue 47, point 5)
   prm-progress         as oracle-progress, the learned PRM's values (the task's PRM: a value head)
   implicit             hybrid (sum credit), the implicit PRM's step values; no Monte-Carlo rollouts at all
   implicit-prime       PRIME: the implicit PRM's token rewards and the outcome, leave-one-out baselines, returns,
@@ -50,6 +52,10 @@ ARMS = {
     "oracle": ["supervision.mode=process", "reward_model.oracle=gold"],
     "oracle-progress": ["reward_model.oracle=gold", *PROGRESS],
     "mc-progress": ["reward_model.oracle=mc", "reward_model.mc_rollouts=4", *PROGRESS],
+    # At the verifier's wall-clock: online MC's GRPO phase took 3.7x the verifier's a round in issue 47's study
+    # (medians of its units' train_runtime, 165 s against 44.5 s), so 80 / 3.7 ~ 22 steps of 8 prompts.
+    "mc-progress-wc": ["reward_model.oracle=mc", "reward_model.mc_rollouts=4", *PROGRESS, "grpo.max_steps=22",
+                       "supervision.prompts_per_round=176"],
     "prm-progress": PROGRESS,
     "implicit": ["supervision.mode=hybrid", "reward_model.kinds=[implicit]", "supervision.process_reward_model=implicit",
                  "collect.rollouts_per_step=0"],
@@ -148,18 +154,27 @@ def task_section(kept: dict[str, dict], last: int) -> list[str]:
         share = [data[arm][s][r].get("policy/advantage_mean_share") for s in seeds for r in range(1, last + 1)]
         share = [x for x in share if x is not None]
         vs = arm != "verifier"
+        wall = [kept[f"{arm}-s{s}"]["seconds"] for s in seeds if f"{arm}-s{s}" in kept]
         rows.append([f"`{arm}`", ", ".join(map(str, seeds)), f"{data[arm][seeds[0]][0]['eval/maj@8']:.3f}"
                      if seeds else "-", cell("eval/maj@8"), cell("eval/greedy"), cell("eval/pass@1"),
                      " / ".join(f"{d:+.3f}" for d in diffs) if vs else "-", fmt_se(diffs) if vs else "-",
                      problem_gap(data[arm], base, paired, last, "maj@8") if vs else "-",
                      f"{sum(d >= 0 for d in diffs)} of {len(diffs)}" if vs else "-",
                      verdict(diffs) if vs else "-",
-                     f"{statistics.mean(share):.2f}" if share else "-"])
+                     f"{statistics.mean(share):.2f}" if share else "-",
+                     f"{statistics.median(wall):.0f}" if wall else "-"])
     return [table(["arm", "seeds", "Maj@8 round 0 (seed " + (str(min(base)) if base else "-") + ")",
                    f"Maj@8 round {last} (per seed)", f"greedy round {last}", f"Pass@1 round {last}",
                    f"Δ Maj@8 vs verifier, round {last} (per seed)", "Δ mean ± SE over seeds",
                    "Δ per problem, mean ± paired SE", "seeds at or above the verifier", "verdict (the rule)",
-                   "advantage mean / RMS (RL rounds)"], rows)]
+                   "advantage mean / RMS (RL rounds)", "unit wall time, median (s)"], rows)]
+
+
+def smollm2_section() -> list[str]:
+    """experiments/smollm2_control.py's region (imported here: it reads this module's `ARMS`)."""
+    from experiments import smollm2_control
+
+    return smollm2_control.section()
 
 
 def region(name: str, lines: list[str]) -> list[str]:
@@ -180,7 +195,8 @@ def report(a: argparse.Namespace, out: Path) -> Path:
           "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
                      + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]])]),
           "", "### The quickstart learns (issue 47)", "", *region("quickstart-learns", quickstart_seeds.section()), "",
-          *frozen_section(a)]
+          *frozen_section(a), "### SmolLM2 with a control (issue 47): arithmetic, not GSM8K", "",
+          *region("smollm2-control", smollm2_section()), ""]
     for task in TASKS:
         if not (units := kept[task]):
             md += [f"### {task}", "", "Not measured yet.", ""]

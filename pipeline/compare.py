@@ -108,16 +108,21 @@ def tables_text(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> str:
     return rounds_table(tables) + (f"\n\n{bon}" if bon else "")
 
 
+def _aligned(header: list[str], rows: list[list[str]], widths: list[int]) -> list[str]:
+    """Text lines of `header` and `rows`: the first column left-aligned, the others right-aligned, each at least its
+    `widths` entry and one character wider than its longest cell, so that no two cells run together."""
+    widths = [max(w, *(len(c) + 1 for c in col)) for w, col in zip(widths, zip(header, *rows))]
+    return [row[0].ljust(widths[0]) + "".join(c.rjust(w) for c, w in zip(row[1:], widths[1:]))
+            for row in [header, *rows]]
+
+
 def rounds_table(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> str:
     """One row per (run label, round): greedy, then Pass@K and Maj@K for every K any run has ('-' where absent)."""
     ks = sorted({k for _, pr in tables for m in pr.values() for k in _ks(m)})
     cols = ["greedy"] + [f"{m}@{k}" for k in ks for m in ("pass", "maj")]
-    lines = [f"{'run':<24}{'round':>6}" + "".join(f"{c:>10}" for c in cols)]
-    for label, per_round in tables:
-        for r, m in sorted(per_round.items()):
-            cells = "".join(f"{m[c]:>10.3f}" if c in m else f"{'-':>10}" for c in cols)
-            lines.append(f"{label:<24}{r:>6}" + cells)
-    return "\n".join(lines)
+    rows = [[label, str(r), *(f"{m[c]:.3f}" if c in m else "-" for c in cols)]
+            for label, per_round in tables for r, m in sorted(per_round.items())]
+    return "\n".join(_aligned(["run", "round", *cols], rows, [24, 6] + [10] * len(cols)))
 
 
 _BASELINES = ("majority", "random")  # best-of-N's picks that use no RM: after the RMs' columns
@@ -136,13 +141,12 @@ def best_of_n_table(tables: list[tuple[str, dict[int, dict[str, float]]]]) -> st
     what = sorted({w for w, _ in found}, key=lambda w: (_BASELINES.index(w) + 1 if w in _BASELINES else 0,
                                                         w.removesuffix("_vote"), w.endswith("_vote")))
     ns = sorted({int(n) for _, n in found})
-    lines = ["best-of-N among the first N samples (<kind>: the RM's top pick; <kind>_vote: its weighted vote)",
-             f"{'run':<24}{'round':>6}{'N':>5}" + "".join(f"{w:>10}" for w in what)]
+    rows = []
     for label, per_round in tables:
         for r, m in sorted(per_round.items()):
             for n in ns:
                 cells = [m.get(f"bon/{w}@{n}") for w in what]
                 if any(c is not None for c in cells):
-                    lines.append(f"{label:<24}{r:>6}{n:>5}" + "".join(f"{'-':>10}" if c is None else f"{c:>10.3f}"
-                                                                      for c in cells))
-    return "\n".join(lines)
+                    rows.append([label, str(r), str(n), *("-" if c is None else f"{c:.3f}" for c in cells)])
+    return "\n".join(["best-of-N among the first N samples (<kind>: the RM's top pick; <kind>_vote: its weighted vote)",
+                      *_aligned(["run", "round", "N", *what], rows, [24, 6, 5] + [10] * len(what))])

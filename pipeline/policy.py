@@ -238,8 +238,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
             start = self.accelerator.process_index * len(inputs)  # this process's rows
             outcomes = verifier[start : start + len(inputs)].tolist()
             live = [(prompts[i], r.text, outcomes[i]) for i, r in enumerate(rows) if r.length]  # masked: out
-            if live:
-                self.prm_scorer.update(*zip(*live))
+            if live and (loss := self.prm_scorer.update(*zip(*live))) is not None:
+                self._metrics["train"]["process/online_loss"].append(loss)  # the update is on: its loss shows it
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         width = max([ids.shape[1], *all_lengths])
         s, mode = self.supervision, "train" if self.model.training else "eval"

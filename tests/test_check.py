@@ -269,3 +269,21 @@ def test_compare_shows_best_of_n_and_the_weighted_vote_from_a_run_dir_and_from_i
     assert by_dir[1].split() == ["mini", "1", "2", "-", "-", "0.650", "0.800", "0.600", "0.520"]
     assert [x.split()[1:] for x in by_mlflow] == [x.split()[1:] for x in by_dir]  # the same figures from MLflow
     assert plot.strip() == "plot: cmp.png" and (tmp_path / "cmp.png").stat().st_size > 1000
+
+
+def test_compare_keeps_long_run_names_and_rm_kinds_apart():
+    # Seen: "implicitimplicit_vote" in a header, and a 26-character run name against its round, in fixed columns.
+    from pipeline.compare import tables_text
+
+    name = "smollm2-arith-implicit-prime"
+    text = tables_text([(name, {0: {"greedy": 0.5, "pass@1": 0.4, "maj@1": 0.4, "bon/implicit@4": 0.25,
+                                    "bon/implicit_vote@4": 0.75, "bon/majority@4": 0.5}})])
+    rounds, bon = (part.splitlines() for part in text.split("\n\n"))
+    assert rounds[1].split() == [name, "0", "0.500", "0.400", "0.400"]
+    assert bon[1].split() == ["run", "round", "N", "implicit", "implicit_vote", "majority"]
+    assert bon[2].split() == [name, "0", "4", "0.250", "0.750", "0.500"]
+    for lines in (rounds, bon[1:]):  # every figure ends under its column's name
+        header = lines[0]
+        for word in header.split()[1:]:
+            end = header.index(f"{word} ") + len(word) if f"{word} " in header else len(header)
+            assert all(line[end - 1] != " " and (end == len(line) or line[end] == " ") for line in lines[1:])

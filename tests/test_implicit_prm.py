@@ -301,5 +301,9 @@ def test_two_rounds_of_process_supervision_from_the_implicit_prm(tmp_path, mlflo
         assert record["kind"] == "implicit" and record["reference"] == str(run.policy(0).resolve())
     assert "implicit/solution_auc" in manifest.output(1, "reward_model")["metrics"]
     assert manifest.output(1, "policy")["metrics"]  # GRPO ran in process mode on its step scores
+    from mlflow import MlflowClient
+
+    logged = MlflowClient(mlflow_tmp).get_run(manifest.data["mlflow"]["round-001/policy"]).data.metrics
+    assert math.isfinite(logged["process/online_loss"])  # PRIME's update ran on the batches, and a user sees it
     figures = read_json(run.eval_json(1))["metrics"]
     assert {"bon/implicit@2", "bon/implicit_vote@4", "eval/implicit_step_auc_gold"} <= set(figures)

@@ -96,3 +96,30 @@ def test_mean_se_worked_examples():
 ])
 def test_the_decision_rule(gaps, verdict):
     assert ex.pays(gaps) is verdict
+
+
+def test_smollm2_control_pairs_every_policy_with_round_0_and_the_learned_arm_with_the_verifier(tmp_path):
+    from experiments import smollm2_control as control
+    from pipeline.rundir import write_json_atomic
+
+    assert control.section(tmp_path) == ["Not measured yet."]  # nothing kept: nothing claimed
+    for arm in control.ARMS:
+        write_json_atomic(tmp_path / f"{arm}.json", {
+            "arm": arm, "overrides": study.ARMS[arm], "commit": "abc1234", "machine": "a CPU", "seconds": 600.0,
+            "grpo_seconds": {"1": 400.0, "2": 420.0},
+            "rounds": {str(r): {"eval/greedy": 0.5, "eval/pass@1": 0.5, "eval/maj@4": 0.5} for r in (0, 1, 2)}})
+    base, better = [0.0, 0.5, 1.0, 0.5], [0.5, 0.5, 1.0, 1.0]  # paired_difference's example: +0.25, SE 0.1443
+    runs = "runs/smol47"
+    write_json_atomic(tmp_path / control.NOISE, {
+        "command": "python -m experiments.round_noise x", "problems": 4, "fresh": 3, "samples": 4, "temperature": 0.7,
+        "policies": {"round 0": f"{runs}/verifier/round-000/policy", "round 2": f"{runs}/verifier/round-002/policy",
+                     "p": f"{runs}/implicit-prime/round-002/policy"},
+        "per_problem": {"0": {"round 0": dict.fromkeys(control.METRICS, base),
+                              "round 2": dict.fromkeys(control.METRICS, base),
+                              "p": dict.fromkeys(control.METRICS, better)}}})
+    text = "\n".join(control.section(tmp_path))
+    gain = " | ".join(["+0.250 ± 0.144 SE (+1.7 SE)"] * 3)
+    assert f"| `implicit-prime` round 2 - round 0 | {gain} |" in text
+    assert f"| `implicit-prime` round 2 - `verifier` round 2 | {gain} |" in text
+    assert "| `verifier` round 2 - round 0 | +0.000 ± 0.000 SE |" in text  # no spread: no z
+    assert "| `implicit-prime` | 2 | 0.500 | 0.500 | 0.500 | 420 |" in text

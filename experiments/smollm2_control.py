@@ -1,0 +1,126 @@
+"""SmolLM2 with a control (issue 47, point 7): the credit study's best learned arm beside a verifier-only control.
+
+On configs/smollm2-arith.yaml (SmolLM2-135M-Instruct on the embedded arithmetic, 2-3 operations: not GSM8K), the
+`verifier` arm and the `implicit-prime` arm (the study's best learned arm on the quickstart; overrides as
+experiments/credit_study.py's `ARMS`) run from one round-0 policy, then every round-2 policy is evaluated against
+round 0 on the same 400 problems (experiments/round_noise.py: the 100 held-out ones and 300 in neither split).
+The runs, from a frozen commit, pinned to the AVX2 kernels at 2 threads (the study's `runner.PINNED`):
+
+  igrpo run configs/smollm2-arith.yaml --set run.runs_dir=runs/smol47 --set run.name=verifier \\
+      --set supervision.mode=outcome
+  igrpo run configs/smollm2-arith.yaml --set run.runs_dir=runs/smol47 --set run.name=implicit-prime \\
+      --set policy.model=runs/smol47/verifier/round-000/policy --set bootstrap.sft=false <implicit-prime's overrides>
+  python -m experiments.round_noise runs/smol47/verifier --rounds 0 2 --fresh 300 \\
+      --policy runs/smol47/implicit-prime/round-002/policy --out docs/experiments/smollm2-control/round-noise.json
+
+then what is kept of the two runs, and the report (docs/results.md's region `smollm2-control`, written by
+`python -m experiments.credit_study --report-only` from the files alone):
+
+  python -m experiments.smollm2_control runs/smol47 --tracking-uri sqlite:///mlflow.db --commit <the runs' commit>
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from bench._common import ROOT, table
+from experiments.credit_study import ARMS as STUDY_ARMS
+from experiments.runner import machine, restart_pinned, run_figures
+from pipeline.evaluate import paired_difference
+from pipeline.rundir import Manifest, read_json, write_json_atomic
+
+FIGURES = Path("docs/experiments/smollm2-control")
+ARMS = ("verifier", "implicit-prime")
+NOISE = "round-noise.json"  # round_noise.py's --out: every policy's per-problem values on the 400 problems
+METRICS = ("greedy", "pass@1", "maj@4")
+
+
+def keep(runs_dir: Path, tracking_uri: str, commit: str, figures: Path = FIGURES) -> list[Path]:
+    """Each arm's figures in `figures`/<arm>.json: its rounds' metrics and per-problem eval values (the pipeline's
+    run directory), its wall time and each RL round's GRPO `train_runtime` (its MLflow runs)."""
+    from mlflow import MlflowClient
+
+    client, out = MlflowClient(tracking_uri), []
+    for arm in ARMS:
+        run = runs_dir / arm
+        ids = Manifest.load(run).data["mlflow"]
+        parent = client.get_run(ids["parent"]).info
+        grpo = {key.split("/")[0].removeprefix("round-").lstrip("0"): client.get_run(rid).data.metrics["train_runtime"]
+                for key, rid in sorted(ids.items()) if key.endswith("/policy") and key != "round-000/policy"}
+        out.append(write_json_atomic(figures / f"{arm}.json", {
+            "arm": arm, "overrides": STUDY_ARMS[arm], "commit": commit, "date": time.strftime("%Y-%m-%d"),
+            "machine": machine(), "seconds": (parent.end_time - parent.start_time) / 1000, "grpo_seconds": grpo,
+            **run_figures(run)}))
+    return out
+
+
+def policy(path: str) -> tuple[str, int]:
+    """(arm, round) of a policy's path, <runs>/<arm>/round-RRR/policy."""
+    arm, rnd = Path(path).parts[-3:-1]
+    return arm, int(rnd.removeprefix("round-"))
+
+
+def label(key: tuple[str, int]) -> str:
+    """'round 0' (both arms start there), or '`<arm>` round R'."""
+    return "round 0" if not key[1] else f"`{key[0]}` round {key[1]}"
+
+
+def gap(before: list[float], after: list[float]) -> str:
+    """'+mean ± SE SE (z SE)': a paired difference per problem."""
+    mean, se = paired_difference(before, after)
+    return f"{mean:+.3f} ± {se:.3f} SE" + (f" ({mean / se:+.1f} SE)" if se else "")
+
+
+def section(figures: Path = FIGURES) -> list[str]:
+    """The region's lines: each arm's rounds on the 100 held-out problems, and the paired gaps on the 400."""
+    kept = {arm: read_json(p) for arm in ARMS if (p := ROOT / figures / f"{arm}.json").exists()}
+    noise = read_json(ROOT / figures / NOISE) if (ROOT / figures / NOISE).exists() else None
+    if not kept or noise is None:
+        return ["Not measured yet."]
+    commits, machines = sorted({k["commit"] for k in kept.values()}), sorted({k["machine"] for k in kept.values()})
+    rows = []
+    for arm, k in kept.items():
+        for r, m in sorted(k["rounds"].items(), key=lambda x: int(x[0])):
+            rows.append([f"`{arm}`", r, *(f"{m[f'eval/{x}']:.3f}" for x in METRICS),
+                         f"{k['grpo_seconds'][r]:.0f}" if r in k["grpo_seconds"] else ""])
+    lines = [f"Runs from {', '.join(f'`{c}`' for c in commits)} on {'; '.join(machines)}; wall time "
+             + ", ".join(f"`{arm}` {k['seconds'] / 60:.1f} min" for arm, k in kept.items())
+             + " (the verifier's includes round 0's SFT, which the other arm reuses). Overrides of "
+             "configs/smollm2-arith.yaml: " + "; ".join(f"`{arm}`: " + " ".join(f"`{o}`" for o in k["overrides"])
+                                                       for arm, k in kept.items()) + ".", "",
+             "Each round on the 100 held-out problems (the pipeline's own evaluation: greedy, and 4 samples at "
+             "T = 0.7), with the GRPO phase's `train_runtime`:", "",
+             table(["arm", "round", "greedy", "Pass@1", "Maj@4", "GRPO seconds"], rows), ""]
+    seed = sorted(noise["per_problem"], key=int)[0]
+    values = {policy(p): noise["per_problem"][seed][n] for n, p in noise["policies"].items()}
+    later = sorted((k for k in values if k[1]), key=lambda k: (k[0] != "verifier", k))
+    base = next(k for k in values if not k[1])
+    # Each policy against round 0, and each learned arm against the verifier at the same round: all paired.
+    pairs = [(base, k) for k in later] + [(("verifier", r), (arm, r)) for arm, r in later
+                                         if arm != "verifier" and ("verifier", r) in values]
+    lines += [f"`{noise['command']}`: {noise['problems']} problems ({noise['fresh']} in neither split), greedy and "
+              f"{noise['samples']} samples at T = {noise['temperature']}, sampling seed {seed}; each difference per "
+              "problem, mean ± paired SE:", "",
+              table(["difference", "greedy", "Pass@1", "Maj@4"],
+                    [[f"{label(b)} - {label(a)}", *(gap(values[a][x], values[b][x]) for x in METRICS)]
+                     for a, b in pairs])]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs_dir", type=Path, help="the runs directory holding the two arms' run directories")
+    ap.add_argument("--tracking-uri", required=True, help="the MLflow store the arms logged to")
+    ap.add_argument("--commit", required=True, help="the commit the arms ran from")
+    ap.add_argument("--figures", type=Path, default=FIGURES)
+    a = ap.parse_args(argv)
+    for path in keep(a.runs_dir, a.tracking_uri, a.commit, a.figures):
+        print(f"kept {path}")
+    print("\n".join(section(a.figures)))
+
+
+if __name__ == "__main__":
+    restart_pinned("experiments.smollm2_control", sys.argv[1:])
+    main()
