@@ -42,18 +42,25 @@ def keep(runs_dir: Path, tracking_uri: str, commit: str, figures: Path = FIGURES
     run directory), its wall time and each RL round's GRPO `train_runtime` (its MLflow runs)."""
     from mlflow import MlflowClient
 
-    client, out = MlflowClient(tracking_uri), []
-    for arm in ARMS:
+    client, records = MlflowClient(tracking_uri), {}
+    for arm in ARMS:  # every arm read before any file is written: a missing one leaves the kept files as they were
         run = runs_dir / arm
+        if not (run / "manifest.json").exists():
+            raise SystemExit(f"{run}: no run directory of the `{arm}` arm (no manifest.json); run it first")
         ids = Manifest.load(run).data["mlflow"]
         parent = client.get_run(ids["parent"]).info
-        grpo = {key.split("/")[0].removeprefix("round-").lstrip("0"): client.get_run(rid).data.metrics["train_runtime"]
-                for key, rid in sorted(ids.items()) if key.endswith("/policy") and key != "round-000/policy"}
-        out.append(write_json_atomic(figures / f"{arm}.json", {
-            "arm": arm, "overrides": STUDY_ARMS[arm], "commit": commit, "date": time.strftime("%Y-%m-%d"),
-            "machine": machine(), "seconds": (parent.end_time - parent.start_time) / 1000, "grpo_seconds": grpo,
-            **run_figures(run)}))
-    return out
+        if parent.end_time is None:
+            raise SystemExit(f"{run}: its MLflow run {ids['parent']} has not ended; finish the arm first")
+        grpo = {}
+        for key, rid in sorted(ids.items()):
+            if key.endswith("/policy") and key != "round-000/policy":
+                if (seconds := client.get_run(rid).data.metrics.get("train_runtime")) is None:
+                    raise SystemExit(f"{run}: MLflow run {rid} ({key}) has no train_runtime: is it a finished GRPO phase?")
+                grpo[key.split("/")[0].removeprefix("round-").lstrip("0")] = seconds
+        records[arm] = {"arm": arm, "overrides": STUDY_ARMS[arm], "commit": commit, "date": time.strftime("%Y-%m-%d"),
+                        "machine": machine(), "seconds": (parent.end_time - parent.start_time) / 1000,
+                        "grpo_seconds": grpo, **run_figures(run)}
+    return [write_json_atomic(figures / f"{arm}.json", record) for arm, record in records.items()]
 
 
 def policy(path: str) -> tuple[str, int]:

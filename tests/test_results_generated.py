@@ -123,3 +123,12 @@ def test_smollm2_control_pairs_every_policy_with_round_0_and_the_learned_arm_wit
     assert f"| `implicit-prime` round 2 - `verifier` round 2 | {gain} |" in text
     assert "| `verifier` round 2 - round 0 | +0.000 ± 0.000 SE |" in text  # no spread: no z
     assert "| `implicit-prime` | 2 | 0.500 | 0.500 | 0.500 | 420 |" in text
+
+
+def test_keeping_smollm2_s_arms_names_a_missing_arm_and_writes_nothing(tmp_path):
+    from experiments import smollm2_control as control
+
+    (tmp_path / "runs" / "verifier").mkdir(parents=True)  # begun, never recorded: no manifest.json
+    with pytest.raises(SystemExit, match=r"runs/verifier: no run directory of the `verifier` arm \(no manifest.json\)"):
+        control.keep(tmp_path / "runs", f"sqlite:///{tmp_path}/mlflow.db", "abc1234", tmp_path / "kept")
+    assert not (tmp_path / "kept").exists()
