@@ -254,7 +254,7 @@ def test_the_credit_study_section_is_rebuilt_from_its_kept_figures_and_survives_
     row = [line for line in text.splitlines() if line.startswith("| `oracle-progress` |")][-1]  # the overrides' first
     # gaps +0.04, -0.02, +0.05: SD 0.038, SE 0.022; below on one seed of 3, so it does not pay
     assert "| 0.840 / 0.880 / 0.750 |" in row and "| +0.040 / -0.020 / +0.050 | +0.023 ± 0.022 SE | not kept |" in row
-    assert row.endswith("| 2 of 3 | does not pay | 0.50 |") and study.RULE in text
+    assert row.endswith("| 2 of 3 | does not pay | 0.50 | 60 |") and study.RULE in text  # 60: its median wall time
     assert "### long-chains\n\nNot measured yet." in text
     assert study.report(a, out).read_text() == text  # rebuilt in place, not added again
     verdict = "**What held / what did not:** progress\ncredit held, on one seed."
