@@ -90,8 +90,10 @@ def section(figures: Path = FIGURES) -> list[str]:
     rows = []
     for arm, k in kept.items():
         for r, m in sorted(k["rounds"].items(), key=lambda x: int(x[0])):
+            seconds, base = k["grpo_seconds"].get(r), kept.get("verifier", {}).get("grpo_seconds", {}).get(r)
+            ratio = f" ({seconds / base:.2f}x the verifier's)" if seconds and base and arm != "verifier" else ""
             rows.append([f"`{arm}`", r, *(f"{m[f'eval/{x}']:.3f}" for x in METRICS),
-                         f"{k['grpo_seconds'][r]:.0f}" if r in k["grpo_seconds"] else ""])
+                         f"{seconds:.0f}{ratio}" if seconds else ""])
     lines = [f"Runs from {', '.join(f'`{c}`' for c in commits)} on {'; '.join(machines)}; wall time "
              + ", ".join(f"`{arm}` {k['seconds'] / 60:.1f} min" for arm, k in kept.items())
              + " (the verifier's includes round 0's SFT, which the other arm reuses). Overrides of "

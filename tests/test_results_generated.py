@@ -106,7 +106,7 @@ def test_smollm2_control_pairs_every_policy_with_round_0_and_the_learned_arm_wit
     for arm in control.ARMS:
         write_json_atomic(tmp_path / f"{arm}.json", {
             "arm": arm, "overrides": study.ARMS[arm], "commit": "abc1234", "machine": "a CPU", "seconds": 600.0,
-            "grpo_seconds": {"1": 400.0, "2": 420.0},
+            "grpo_seconds": {"1": 400.0, "2": 420.0 if arm == "verifier" else 630.0},
             "rounds": {str(r): {"eval/greedy": 0.5, "eval/pass@1": 0.5, "eval/maj@4": 0.5} for r in (0, 1, 2)}})
     base, better = [0.0, 0.5, 1.0, 0.5], [0.5, 0.5, 1.0, 1.0]  # paired_difference's example: +0.25, SE 0.1443
     runs = "runs/smol47"
@@ -122,7 +122,7 @@ def test_smollm2_control_pairs_every_policy_with_round_0_and_the_learned_arm_wit
     assert f"| `implicit-prime` round 2 - round 0 | {gain} |" in text
     assert f"| `implicit-prime` round 2 - `verifier` round 2 | {gain} |" in text
     assert "| `verifier` round 2 - round 0 | +0.000 ± 0.000 SE |" in text  # no spread: no z
-    assert "| `implicit-prime` | 2 | 0.500 | 0.500 | 0.500 | 420 |" in text
+    assert "| `implicit-prime` | 2 | 0.500 | 0.500 | 0.500 | 630 (1.50x the verifier's) |" in text
 
 
 def test_keeping_smollm2_s_arms_names_a_missing_arm_and_writes_nothing(tmp_path):
