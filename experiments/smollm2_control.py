@@ -2,7 +2,7 @@
 
 On configs/smollm2-arith.yaml (SmolLM2-135M-Instruct on the embedded arithmetic, 2-3 operations: not GSM8K), the
 `verifier` arm and the `implicit-prime` arm (the study's best learned arm on the quickstart; overrides as
-experiments/credit_study.py's `ARMS`) run from one round-0 policy, then every round-2 policy is evaluated against
+experiments/credit_arms.py) run from one round-0 policy, then every round-2 policy is evaluated against
 round 0 on the same 400 problems (experiments/round_noise.py: the 100 held-out ones and 300 in neither split).
 The runs, from a frozen commit, pinned to the AVX2 kernels at 2 threads (the study's `runner.PINNED`):
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench._common import ROOT, table
-from experiments.credit_study import ARMS as STUDY_ARMS
+from experiments.credit_arms import ARMS as STUDY_ARMS
 from experiments.runner import machine, restart_pinned, run_figures
 from pipeline.evaluate import paired_difference
 from pipeline.rundir import Manifest, read_json, write_json_atomic
