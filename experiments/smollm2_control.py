@@ -110,8 +110,8 @@ def section(figures: Path = FIGURES) -> list[str]:
     pairs = [(base, k) for k in later] + [(("verifier", r), (arm, r)) for arm, r in later
                                          if arm != "verifier" and ("verifier", r) in values]
     lines += [f"`{noise['command']}`: {noise['problems']} problems ({noise['fresh']} in neither split), greedy and "
-              f"{noise['samples']} samples at T = {noise['temperature']}, sampling seed {seed}; each difference per "
-              "problem, mean ± paired SE:", "",
+              f"{noise['samples']} samples at T = {noise['temperature']}, `--seeds {seed}` (added to the run's seed); each "
+              "difference per problem, mean ± paired SE:", "",
               table(["difference", "greedy", "Pass@1", "Maj@4"],
                     [[f"{label(b)} - {label(a)}", *(gap(values[a][x], values[b][x]) for x in METRICS)]
                      for a, b in pairs])]
