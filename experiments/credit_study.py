@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from bench._common import ROOT, table
-from experiments import quickstart_seeds
+from experiments import quickstart_seeds, smollm2_control
 from experiments.credit_arms import ARMS
 from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, verdict, with_study, write_region
 from experiments.runner import Experiments, restart_pinned, run_figures, stoppable
@@ -151,13 +151,6 @@ def task_section(kept: dict[str, dict], last: int) -> list[str]:
                    "advantage mean / RMS (RL rounds)", "unit wall time, median (s)"], rows)]
 
 
-def smollm2_section() -> list[str]:
-    """experiments/smollm2_control.py's region (imported here: it reads this module's `ARMS`)."""
-    from experiments import smollm2_control
-
-    return smollm2_control.section()
-
-
 def region(name: str, lines: list[str]) -> list[str]:
     """`lines` between the markers of a generated region (tests/test_results_generated.py remakes each)."""
     return [f"<!-- generated: {name} -->", *lines, GENERATED_END]
@@ -177,7 +170,7 @@ def report(a: argparse.Namespace, out: Path) -> Path:
                      + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]])]),
           "", "### The quickstart learns (issue 47)", "", *region("quickstart-learns", quickstart_seeds.section()), "",
           *frozen_section(a), "### SmolLM2 with a control (issue 47): arithmetic, not GSM8K", "",
-          *region("smollm2-control", smollm2_section()), ""]
+          *region("smollm2-control", smollm2_control.section()), ""]
     for task in TASKS:
         if not (units := kept[task]):
             md += [f"### {task}", "", "Not measured yet.", ""]
