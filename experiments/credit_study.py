@@ -135,7 +135,7 @@ def task_section(kept: dict[str, dict], last: int) -> list[str]:
         share = [data[arm][s][r].get("policy/advantage_mean_share") for s in seeds for r in range(1, last + 1)]
         share = [x for x in share if x is not None]
         vs = arm != "verifier"
-        wall = [kept[f"{arm}-s{s}"]["seconds"] for s in seeds if f"{arm}-s{s}" in kept]
+        wall = [kept[f"{arm}-s{s}"]["seconds"] for s in seeds]  # `figures` made arm and seed of these names
         rows.append([f"`{arm}`", ", ".join(map(str, seeds)), f"{data[arm][seeds[0]][0]['eval/maj@8']:.3f}"
                      if seeds else "-", cell("eval/maj@8"), cell("eval/greedy"), cell("eval/pass@1"),
                      " / ".join(f"{d:+.3f}" for d in diffs) if vs else "-", fmt_se(diffs) if vs else "-",

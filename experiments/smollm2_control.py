@@ -29,7 +29,7 @@ from bench._common import ROOT, table
 from experiments.credit_arms import ARMS as STUDY_ARMS
 from experiments.runner import machine, restart_pinned, run_figures
 from pipeline.evaluate import paired_difference
-from pipeline.rundir import Manifest, read_json, write_json_atomic
+from pipeline.rundir import Manifest, read_json, round_of, write_json_atomic
 
 FIGURES = Path("docs/experiments/smollm2-control")
 ARMS = ("verifier", "implicit-prime")
@@ -42,7 +42,7 @@ def keep(runs_dir: Path, tracking_uri: str, commit: str, figures: Path = FIGURES
     run directory), its wall time and each RL round's GRPO `train_runtime` (its MLflow runs)."""
     from mlflow import MlflowClient
 
-    client, records = MlflowClient(tracking_uri), {}
+    client, records, where = MlflowClient(tracking_uri), {}, machine()
     for arm in ARMS:  # every arm read before any file is written: a missing one leaves the kept files as they were
         run = runs_dir / arm
         if not (run / "manifest.json").exists():
@@ -56,17 +56,16 @@ def keep(runs_dir: Path, tracking_uri: str, commit: str, figures: Path = FIGURES
             if key.endswith("/policy") and key != "round-000/policy":
                 if (seconds := client.get_run(rid).data.metrics.get("train_runtime")) is None:
                     raise SystemExit(f"{run}: MLflow run {rid} ({key}) has no train_runtime: is it a finished GRPO phase?")
-                grpo[key.split("/")[0].removeprefix("round-").lstrip("0")] = seconds
+                grpo[str(round_of(key.split("/")[0]))] = seconds
         records[arm] = {"arm": arm, "overrides": STUDY_ARMS[arm], "commit": commit, "date": time.strftime("%Y-%m-%d"),
-                        "machine": machine(), "seconds": (parent.end_time - parent.start_time) / 1000,
+                        "machine": where, "seconds": (parent.end_time - parent.start_time) / 1000,
                         "grpo_seconds": grpo, **run_figures(run)}
     return [write_json_atomic(figures / f"{arm}.json", record) for arm, record in records.items()]
 
 
 def policy(path: str) -> tuple[str, int]:
     """(arm, round) of a policy's path, <runs>/<arm>/round-RRR/policy."""
-    arm, rnd = Path(path).parts[-3:-1]
-    return arm, int(rnd.removeprefix("round-"))
+    return Path(path).parts[-3], round_of(Path(path).parent)
 
 
 def label(key: tuple[str, int]) -> str:
