@@ -224,7 +224,10 @@ RAY_HEAD = {**RAY_NODE, "include_dashboard": False,
 def _ray_nodes():
     """A Ray cluster of two nodes on this machine (Ray's own `cluster_utils.Cluster`, as Ray's tests make one: a head
     and an added node, each its own raylet), started by the first test that needs it, stopped by its pids at the end.
-    Its temp dir is its own (and short: Ray's socket paths are limited to ~100 characters)."""
+    All of Ray's state is in a temp dir of its own, removed at the end: the nodes' sessions and the cluster's address
+    file, which Ray otherwise writes under its default `/tmp/ray` (`RAY_TMPDIR` moves that default), a folder a fresh
+    machine does not have and another cluster on the machine would share. The dir is short: Ray's socket paths are
+    limited to ~100 characters."""
     pytest.importorskip("prefect_ray")
     import shutil
     import tempfile
@@ -232,13 +235,17 @@ def _ray_nodes():
     from ray.cluster_utils import Cluster
 
     temp = tempfile.mkdtemp(prefix="igrpo-ray-", dir="/tmp")
-    cluster = Cluster(initialize_head=True, head_node_args={**RAY_HEAD, "temp_dir": temp})
     try:
-        cluster.add_node(**RAY_NODE)
-        cluster.wait_for_nodes()
-        yield cluster
+        with pytest.MonkeyPatch.context() as mp:  # the user's own setting is back after the session
+            mp.setenv("RAY_TMPDIR", temp)
+            cluster = Cluster(initialize_head=True, head_node_args={**RAY_HEAD, "temp_dir": os.path.join(temp, "ray")})
+            try:
+                cluster.add_node(**RAY_NODE)
+                cluster.wait_for_nodes()
+                yield cluster
+            finally:
+                cluster.shutdown()  # each node's processes, by their pids
     finally:
-        cluster.shutdown()  # each node's processes, by their pids
         shutil.rmtree(temp, ignore_errors=True)
 
 
