@@ -18,7 +18,7 @@ import time
 
 from bench._common import bootstrapped_policy, quickstart, spread
 from models import load_policy
-from pipeline.collect import agreement, label_exhaustive, label_first_error, make_request
+from pipeline.mc_labels import agreement, label_exhaustive, label_first_error, make_request
 from pipeline.generation import sample
 from pipeline.problems import problem_set_from_config
 

@@ -23,12 +23,13 @@ from transformers import TrainerCallback
 from bench._common import CACHE, StepTimes, bootstrapped_policy, quickstart, spread
 from models import load_policy
 from models.factories import load_tokenizer
-from pipeline.collect import label_exhaustive, label_first_error, make_request
+from pipeline.mc_labels import label_exhaustive, label_first_error, make_request
 from pipeline.config import SupervisionConfig
 from pipeline.generation import sample
 from pipeline.online_mc import McStepScorer
 from pipeline.passthrough import grpo_config
-from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, policy_peft_config, round_prompts
+from pipeline.grpo_trainer import ProcessGRPOTrainer
+from pipeline.policy import build_reward_funcs, policy_peft_config, round_prompts
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 

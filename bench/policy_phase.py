@@ -30,7 +30,8 @@ from models import save_model
 from models.factories import load_tokenizer
 from pipeline.loading import load_config
 from pipeline.passthrough import grpo_config
-from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs, policy_peft_config, round_prompts
+from pipeline.grpo_trainer import ProcessGRPOTrainer
+from pipeline.policy import build_reward_funcs, policy_peft_config, round_prompts
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.rewards import verifier_reward

@@ -57,6 +57,7 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     work = Path(tempfile.mkdtemp(prefix="igrpo-ray-bench-", dir="/tmp"))  # Ray's socket paths: short
+    os.environ["RAY_TMPDIR"] = str(work)  # the cluster's address file too, not under a /tmp/ray that may not exist
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False,
                                                             "temp_dir": str(work / "ray")})
     try:

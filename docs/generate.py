@@ -1,6 +1,6 @@
-"""The docs' generated parts, from the code: the config reference (docs/config.md, from the fields' descriptions) and
+"""The docs' generated parts, from the code: the config reference (docs/config.md, from the fields' descriptions),
 the tables of supervision modes and RM kinds (README.md, docs/supervision.md, docs/reward-models.md, from the
-registries' declarations). Each lies between `<!-- generated: NAME -->` and `<!-- end generated -->`.
+registries' declarations) and the README's table of commands (from the `igrpo` command's parser). Each lies between `<!-- generated: NAME -->` and `<!-- end generated -->`.
 
 Run after changing a field, a mode or a kind, with the package installed: `python docs/generate.py`
 (tests/test_docs_generated.py fails while a page differs from what this writes).
@@ -8,6 +8,7 @@ Run after changing a field, a mode or a kind, with the package installed: `pytho
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -60,9 +61,32 @@ def kinds_table() -> str:
                       *rows]) + "\n"
 
 
+def _synopsis(prog: str, parser: argparse.ArgumentParser) -> str:
+    """`prog` with what it must be given: its positionals and required options (a choice of subcommands: a|b|c)."""
+    words = [prog]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            words.append("\\|".join(action.choices))  # escaped: a bare | would end the table's cell
+        elif not action.option_strings:
+            words.append((action.metavar or action.dest.upper()) + ("..." if action.nargs in ("+", "*") else ""))
+        elif action.required:
+            words.append(f"{action.option_strings[-1]} {action.metavar or action.dest.upper()}")
+    return " ".join(words)
+
+
+def commands_table() -> str:
+    """The `igrpo` command's subcommands (`flows.cli.build_parser`): what each must be given, and its help."""
+    from flows.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    rows = [f"| `{_synopsis(f'igrpo {name}', parser)}` | {helps[name]} |" for name, parser in sub.choices.items()]
+    return "\n".join(["| command | what |", "|---|---|", *rows]) + "\n"
+
+
 # page -> the regions it holds, by name
 PAGES = {
-    "README.md": {"modes": modes_table, "rm-kinds": kinds_table},
+    "README.md": {"modes": modes_table, "rm-kinds": kinds_table, "commands": commands_table},
     "docs/supervision.md": {"modes": modes_table},
     "docs/reward-models.md": {"rm-kinds": kinds_table},
     "docs/config.md": {"config": config_reference},

@@ -41,7 +41,7 @@ from pipeline.advantages import (
 from pipeline.generation import load_sampling_model, sample
 from pipeline.loading import config_from_dict
 from pipeline.passthrough import grpo_config
-from pipeline.policy import completion_steps, scored_steps
+from pipeline.grpo_trainer import completion_steps, scored_steps
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
 from pipeline.reward_model import load_scorer

@@ -249,7 +249,7 @@ def mc_label_agreement(cfg, policy_path: Path, prompts: int, samples: int, ns, s
     The same samples are labelled at every N (fresh rollouts each time), so N is the only thing that varies.
     """
     from models import load_policy
-    from pipeline.collect import agreement, label_exhaustive, make_request
+    from pipeline.mc_labels import agreement, label_exhaustive, make_request
     from pipeline.generation import sample
     from pipeline.problems import problem_set_from_config
 

@@ -62,10 +62,10 @@ def cmd_run(args) -> None:
 
 
 def _why_down(cfg: PipelineConfig) -> str | None:
-    """Why the run's Prefect and MLflow servers cannot reach their database, or None (`flows.stack.database_down`)."""
+    """Why the run's Prefect and MLflow servers cannot reach their database, or None (flows.postgres.database_down)."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.stack import database_down
+    from flows.postgres import database_down
     from pipeline import tracking
 
     return database_down(PREFECT_API_URL.value(), cfg.tracking.tracking_uri or tracking.mlflow.get_tracking_uri())
@@ -203,8 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="igrpo", description="DeepSeekMath iterative RL: GRPO + PRM/ORM retrained each round.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def cmd(name, func, help_, config=True, console=True):
-        s = sub.add_parser(name, help=help_, description=help_)
+    def cmd(name, func, help_, description, config=True, console=True):
+        # help_: its line in `igrpo --help` and the README's table of commands (docs/generate.py); description: its own
+        s = sub.add_parser(name, help=help_, description=description)
         if config:
             s.add_argument("config", help="YAML run config (see configs/)")
             s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -213,47 +214,56 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(func=func, console=console, stoppable=name != "serve")  # serve: Prefect's runner owns them
         return s
 
-    s = cmd("run", cmd_run, "Run the whole iterative loop (resumes an unfinished run directory).")
+    s = cmd("run", cmd_run, "the whole loop; resumes an unfinished run (--force, --redo)",
+            "Run the whole iterative loop (resumes an unfinished run directory).")
     s.add_argument("--force", action="store_true", help="resume even though the config changed")
     s.add_argument("--redo", action="append", default=[], metavar="ROUND/PHASE",
                    help="redo a recorded phase and every phase after it, e.g. --redo 1/collect (repeatable)")
-    cmd("check", cmd_check, "Validate a config and run the preflight (data, model, MLflow, run directory) without "
-        "creating anything; print the resolved config. Exit 0 if `igrpo run` would start, else 2.", console=False)
-    s = cmd("bootstrap", cmd_bootstrap, "Round 0's policy: SFT on the gold solutions.")
+    cmd("check", cmd_check, "validate a config and run the preflight, creating nothing", "Validate a config and run "
+        "the preflight (data, model, MLflow, run directory) without creating anything; print the resolved config. "
+        "Exit 0 if `igrpo run` would start, else 2.", console=False)
+    s = cmd("bootstrap", cmd_bootstrap, "round 0's policy: SFT on the gold solutions",
+            "Round 0's policy: SFT on the gold solutions.")
     s.add_argument("--out", help="checkpoint directory (default: the run's round-000/policy)")
-    s = cmd("eval", cmd_eval, "Greedy accuracy, Pass@K and Maj@K of a policy on held-out problems; best-of-N with RMs.")
-    s.add_argument("--policy", required=True, help="policy checkpoint, .gguf file, package:NAME or hub id")
+    s = cmd("eval", cmd_eval, "greedy, Pass@K, Maj@K; best-of-N with each --reward-model",
+            "Greedy accuracy, Pass@K and Maj@K of a policy on held-out problems; best-of-N with RMs.")
+    s.add_argument("--policy", required=True, metavar="P", help="policy checkpoint, .gguf file, package:NAME or hub id")
     s.add_argument("--reward-model", action="append", default=[], metavar="KIND=PATH",
                    help="an RM for best-of-N, e.g. prm=runs/q/round-001/reward_model/prm or orm=models:/NAME@round-1")
     s.add_argument("--out", help="also write the figures to this JSON file (eval.json's format)")
     s.add_argument("--round", type=int, default=0,
                    help="round index: seeds the sampling as that round's eval phase does (run.seed + round)")
-    s = cmd("grpo", cmd_grpo, "One GRPO phase (outcome or process supervision) from a policy.")
-    s.add_argument("--policy", required=True)
+    s = cmd("grpo", cmd_grpo, "one GRPO phase from any policy",
+            "One GRPO phase (outcome or process supervision) from a policy.")
+    s.add_argument("--policy", required=True, metavar="P")
     s.add_argument("--reward-model", help="PRM (process) or ORM (an orm reward): path or models:/name@alias")
-    s.add_argument("--out", required=True, help="where the new policy checkpoint goes")
+    s.add_argument("--out", required=True, metavar="D", help="where the new policy checkpoint goes")
     s.add_argument("--round", type=int, default=1, help="round index (seeds the prompt draw)")
-    s = cmd("collect", cmd_collect, "Sample a policy and label its samples (verifier + MC step labels).")
-    s.add_argument("--policy", required=True)
-    s.add_argument("--round", type=int, required=True)
-    s.add_argument("--run-dir", required=True)
-    s = cmd("train-rm", cmd_train_rm, "Retrain the PRM/ORM of a round on its shard plus replay.")
-    s.add_argument("--run-dir", required=True)
-    s.add_argument("--round", type=int, required=True)
+    s = cmd("collect", cmd_collect, "sample a policy, label its samples",
+            "Sample a policy and label its samples (verifier + MC step labels).")
+    s.add_argument("--policy", required=True, metavar="P")
+    s.add_argument("--round", type=int, required=True, metavar="R")
+    s.add_argument("--run-dir", required=True, metavar="D")
+    s = cmd("train-rm", cmd_train_rm, "retrain a round's RMs on its shard + replay",
+            "Retrain the PRM/ORM of a round on its shard plus replay.")
+    s.add_argument("--run-dir", required=True, metavar="D")
+    s.add_argument("--round", type=int, required=True, metavar="R")
     s.add_argument("--policy", help="backbone for a new RM (default: the round's policy)")
     s.add_argument("--previous", action="append", default=[], metavar="KIND=PATH",
                    help="warm start, e.g. prm=models:/iterative-grpo-quickstart-prm@round-0 (default: the previous round's)")
-    s = cmd("compare", cmd_compare, "Pass@K / Maj@K / greedy and best-of-N per round of one or more runs, and a "
-            "Fig. 7-style plot.", config=False, console=False)
-    s.add_argument("runs", nargs="+", help="run directories or MLflow parent run ids")
+    s = cmd("compare", cmd_compare, "runs side by side, and a Fig. 7-style plot", "Pass@K / Maj@K / greedy and "
+            "best-of-N per round of one or more runs, and a Fig. 7-style plot.", config=False, console=False)
+    s.add_argument("runs", nargs="+", metavar="RUN", help="run directories or MLflow parent run ids")
     s.add_argument("--out", default="compare.png", help="plot path")
     s.add_argument("--tracking-uri", help="MLflow tracking URI (for run ids)")
     # serve and deploy keep Prefect's own console: an operator's commands, against a real server
-    s = cmd("serve", cmd_serve, "Serve the flow with a cron schedule (Prefect), one run at a time.", console=False)
+    s = cmd("serve", cmd_serve, "serve the flow on a schedule (Prefect)",
+            "Serve the flow with a cron schedule (Prefect), one run at a time.", console=False)
     s.add_argument("--cron", required=True, help='e.g. "0 2 * * *"')
     s.add_argument("--name", help="deployment name (default: run.name)")
-    s = cmd("deploy", cmd_deploy, "Deploy the flow to a Prefect work pool.", console=False)
-    s.add_argument("--pool", required=True)
+    s = cmd("deploy", cmd_deploy, "deploy the flow to a Prefect work pool", "Deploy the flow to a Prefect work pool.",
+            console=False)
+    s.add_argument("--pool", required=True, metavar="NAME")
     s.add_argument("--cron", help="optional schedule")
     s.add_argument("--name", help="deployment name (default: run.name)")
     from flows.stack import add_parser

@@ -15,6 +15,10 @@ user has set nothing (environment, Prefect profile): turning a thing back on is 
 - transformers' "Loading weights" / "Writing model shards" bars and datasets' map bars: a dozen per round,
   each under a second at the quickstart's size (downloads from the hub keep their bars).
 - MLflow's "Creating initial MLflow database tables" INFO lines when the sqlite store is first made.
+- MLflow's "View run ... / View experiment ..." links, printed at the end of every run on a tracking server: two a
+  phase; `igrpo run` names the parent run and the server once, at its end.
+- Prefect's "--- Error logging to API ---" once the run's servers lost their database (`DatabaseDown`): the run's one
+  error, which names it, is then the last thing printed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", message=_TRL_DEPRECATED_CALLS, category=FutureWarning)
     if "MLFLOW_LOGGING_LEVEL" not in os.environ:
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     _hf_bars_off()
     _phase_lines_on()
 
@@ -88,7 +93,7 @@ def _hf_bars_off() -> None:
 
 class DatabaseDown(logging.Filter):
     """On Prefect's console handlers during `igrpo run`: once the run's servers say they lost their database (`down()`
-    gives why: `flows.stack.database_down`), Prefect's ERROR records (the failing task's and flow's tracebacks, each
+    gives why: `flows.postgres.database_down`), Prefect's ERROR records (the failing task's and flow's tracebacks, each
     logged as it fails, before the cause is known) are dropped, and the run stops with the one error that names it
     (flows/cli.py). Asked at most once a second, and only on an ERROR record: a run whose database is up shows them."""
 
@@ -100,6 +105,8 @@ class DatabaseDown(logging.Filter):
         """Why the database is down: as found while the run ran, else asked now; None if it is up."""
         if self.why is None:
             self.why, self.asked = self.down(), time.monotonic()
+            if self.why:  # Prefect's log worker says so (stdlib-style) at each batch it fails to send, exit included
+                logging.raiseExceptions = False
         return self.why
 
     def filter(self, record: logging.LogRecord) -> bool:

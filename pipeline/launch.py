@@ -14,7 +14,8 @@ the main process makes the runs active around the trainers, as the in-process pa
 metrics land in the round's phase run (or each trained model's run).
 
 With `launcher.kind: ray`, a Ray Train `TorchTrainer` job on the cluster runs `launched` in each of its workers
-instead (`ray_launch`), one per node: Ray Train forms the torch process group (gloo on CPU, nccl on GPU) and sets
+instead (`ray_launch`), sized by the cluster's resources (`ray_workers`: a worker per GPU, else per node), once
+every node is seen to reach the run's paths (`check_nodes_see`). Ray Train forms the torch process group (gloo on CPU, nccl on GPU) and sets
 the variables torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), which accelerate's `PartialState`
 reads, so each worker is what a process of `accelerate launch` is. The request and the result are the same files.
 """
@@ -32,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import LauncherConfig, PipelineConfig, accelerate_config_path
 from pipeline.registry import plugin_env
 from pipeline.rundir import read_json, write_json_atomic
+from pipeline.sections import accelerate_config_path
 
 LOG_TAIL_LINES = 40
 
@@ -43,7 +44,7 @@ class LaunchError(RuntimeError):
     """A launched phase failed; the message holds the tail of its output (accelerate) or its worker's error (Ray)."""
 
 
-def launch_command(launcher: LauncherConfig, target: Sequence[str]) -> list[str]:
+def launch_command(launcher: Any, target: Sequence[str]) -> list[str]:
     """The `accelerate launch` command line running `target` (`['-m', 'module', ...]` or `['script.py', ...]`)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     if launcher.config_file:
@@ -53,7 +54,7 @@ def launch_command(launcher: LauncherConfig, target: Sequence[str]) -> list[str]
     return cmd + list(launcher.extra_args) + list(target)
 
 
-def check_launchable(launcher: LauncherConfig) -> None:
+def check_launchable(launcher: Any) -> None:
     """Refuse, before starting anything, an accelerate config whose engine is not installed."""
     if not launcher.config_file:
         return
@@ -87,10 +88,10 @@ def _children_output(log: str) -> list[str]:
     return lines
 
 
-def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_dir: str | Path,
-                 runs: dict[str, Any], entry: Callable[[list[str]], None]) -> dict:
-    """Run a launchable phase under `accelerate launch` or on Ray (`launcher.kind`); return its main process's
-    result (`PhaseResult`'s manifest form).
+def launch_phase(cfg: Any, phase: str, kwargs: dict[str, Any], work_dir: str | Path,
+                 runs: dict[str, Any], entry: Callable[[list[str]], None], start: Start) -> dict:
+    """Run a launchable phase under `accelerate launch` or on Ray; return its main process's result (`PhaseResult`'s
+    manifest form).
 
     Args:
         kwargs: the phase function's arguments (paths as strings, JSON-serialisable).
@@ -98,6 +99,8 @@ def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_d
         runs: the phase's MLflow run ids (`PhaseRuns`' fields); the main process logs into them.
         entry: what each process runs, `pipeline.rounds.launched` (`python -m pipeline.rounds WORK_DIR` under
             accelerate; called with `[WORK_DIR]` in each Ray Train worker).
+        start: how the processes start: `launcher.kind`'s entry in pipeline/launchers.py (`accelerate_phase`,
+            `ray_phase`, or a plugin's).
     """
     check_launchable(cfg.launcher)
     import mlflow
@@ -109,45 +112,140 @@ def launch_phase(cfg: PipelineConfig, phase: str, kwargs: dict[str, Any], work_d
     write_json_atomic(work_dir / "request.json", {
         "config": cfg.model_dump(mode="json"), "phase": phase, "kwargs": kwargs, "runs": run_ids,
     })
-    env = {"MLFLOW_TRACKING_URI": mlflow.get_tracking_uri()}
+    env = {"MLFLOW_TRACKING_URI": _absolute_uri(mlflow.get_tracking_uri())}  # a worker's relative path is its own
     if runs.get("run_id"):
         env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(runs["run_id"]).info.experiment_id
-    if cfg.launcher.kind == "ray":
-        ray_launch(cfg.launcher, entry, [[str(work_dir)]], env, work_dir / "ray", f"the {phase} phase")
-    else:
-        cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", str(work_dir)])
-        child = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
-        run_logged(cmd, work_dir / "launch.log", {**child, **env}, f"the {phase} phase")
+    output = start(cfg, phase, work_dir, env, entry)
     if not result.exists():
-        output = "Ray's logs" if cfg.launcher.kind == "ray" else work_dir / "launch.log"
         raise LaunchError(f"the {phase} phase exited without writing {result}; see {output}")
     return read_json(result)
 
 
-def ray_launch(launcher: LauncherConfig, target: Callable[..., object], args: Sequence[Any], env: dict[str, str],
-               storage: Path, what: str) -> None:
+# A launcher's `start` (pipeline/launchers.py): the phase's processes, run to their end; returns where their
+# output is, for an error.
+Start = Callable[[Any, str, Path, dict[str, str], Callable[[list[str]], None]], str]
+
+
+def accelerate_phase(cfg: Any, phase: str, work_dir: Path, env: dict[str, str],
+                     entry: Callable[[list[str]], None]) -> str:
+    """`accelerate launch ... -m pipeline.rounds WORK_DIR`, its output in `WORK_DIR/launch.log`."""
+    cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", str(work_dir)])
+    child = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
+    run_logged(cmd, work_dir / "launch.log", {**child, **env}, f"the {phase} phase")
+    return str(work_dir / "launch.log")
+
+
+def ray_phase(cfg: Any, phase: str, work_dir: Path, env: dict[str, str],
+              entry: Callable[[list[str]], None]) -> str:
+    """A Ray Train job running `entry([WORK_DIR])` in each worker (`ray_launch`), once every node is seen to reach
+    the run directory and a local tracking store."""
+    ray_launch(cfg.launcher, entry, [[str(work_dir.resolve())]], env, work_dir / "ray", f"the {phase} phase",
+               shared={"the run directory": work_dir, **_local_store(env["MLFLOW_TRACKING_URI"])})
+    return "the output above (Ray's workers)"
+
+
+def _absolute_uri(uri: str) -> str:
+    """A tracking URI whose local file (sqlite's database, a file store) is named absolutely, as every process,
+    wherever it starts, must read it.
+
+    >>> _absolute_uri("sqlite:////srv/mlflow.db"), _absolute_uri("http://127.0.0.1:5000")
+    ('sqlite:////srv/mlflow.db', 'http://127.0.0.1:5000')
+    >>> _absolute_uri("sqlite:///mlflow.db") == f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    True
+    """
+    path = _store_path(uri)
+    if path is None or path.is_absolute():
+        return uri
+    return f"sqlite:///{path.resolve()}" if uri.startswith("sqlite:") else str(path.resolve())
+
+
+def _store_path(uri: str) -> Path | None:
+    """The local file or folder behind a tracking URI (sqlite, a file store), None for a server."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):])
+    if uri.startswith("file:"):
+        return Path(uri[len("file:"):].removeprefix("//"))
+    return None if "://" in uri else Path(uri)
+
+
+def _local_store(uri: str) -> dict[str, Path]:
+    path = _store_path(uri)
+    return {"the MLflow tracking store": path} if path is not None else {}
+
+
+def check_nodes_see(shared: dict[str, Path], cwd: str) -> None:
+    """Refuse, before a Ray job starts, a cluster where a live node cannot see what its workers will read and write:
+    the working directory they start in and each path of `shared` (what -> path; a folder is checked by a token file
+    written here and read back there, a file by its presence). One sentence names the node and the path. On one
+    machine every node sees them; across machines they must be on a shared file system (NFS and the like)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    token = os.urandom(8).hex()
+    checks = []
+    for what, path in shared.items():
+        path = Path(path).resolve()
+        if path.is_dir():
+            (path / ".node-check").write_text(token)
+            checks.append((what, str(path / ".node-check"), token))
+        else:
+            checks.append((what, str(path), None))
+
+    @ray.remote(num_cpus=0)
+    def unseen() -> str | None:
+        if not os.path.isdir(cwd):
+            return f"the working directory {cwd}"
+        for what, path, expected in checks:
+            try:
+                seen = open(path).read() if expected else ""
+            except OSError:
+                seen = None
+            if seen != (expected or ""):
+                return f"{what} ({os.path.dirname(path) if expected else path})"
+        return None
+
+    try:
+        for node in (n for n in ray.nodes() if n["Alive"]):
+            where = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            missing = ray.get(unseen.options(scheduling_strategy=where).remote(), timeout=120)
+            if missing:
+                raise LaunchError(
+                    f"Ray node {node['NodeManagerAddress']} ({node['NodeID'][:8]}) cannot see {missing}: every node "
+                    "of a Ray cluster must see the run's paths (run it on a shared file system, and a tracking "
+                    "server rather than a local store)")
+    finally:
+        for what, path, expected in checks:
+            if expected:
+                Path(path).unlink(missing_ok=True)
+
+
+def ray_launch(launcher: Any, target: Callable[..., object], args: Sequence[Any], env: dict[str, str],
+               storage: Path, what: str, shared: dict[str, Path] | None = None) -> None:
     """Run `target(*args)` in each worker of a Ray Train `TorchTrainer` job on the cluster at `launcher.ray_address`:
-    `launcher.num_processes` workers (None: one per live node), on a GPU each and nccl where the cluster has GPUs,
+    `launcher.num_processes` workers (None: `ray_workers`), on a GPU each and nccl where the cluster has GPUs,
     else on CPU and gloo. Each worker starts in this process's working directory, with `env` added; a Ray joined
     here gives the job this process's plugin path (`plugin_env`: PYTHONPATH, set before a worker starts, as
     `accelerate launch`'s processes inherit it), one joined by the caller keeps its own `runtime_env`. `storage`:
-    Ray Train's folder for the job (emptied first). A failed worker is a LaunchError quoting its error.
+    Ray Train's folder for the job (emptied first). `shared`: what every node must see (`check_nodes_see`), checked
+    before the job starts. The workers' output is printed here; a failed worker is a LaunchError quoting its error.
     """
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     owned = not ray.is_initialized()
-    if owned:
-        ray.init(address=launcher.ray_address, log_to_driver=False, runtime_env={"env_vars": plugin_env()})
+    if owned:  # the workers' output (their errors too) is printed here, prefixed by worker, as Ray does by default
+        ray.init(address=launcher.ray_address, runtime_env={"env_vars": plugin_env()})
     try:
-        gpus = ray.cluster_resources().get("GPU", 0) > 0
-        workers = launcher.num_processes or sum(node["Alive"] for node in ray.nodes())
+        check_nodes_see(shared or {}, os.getcwd())
+        workers, each = ray_workers(ray.nodes(), launcher.num_processes)
+        gpus = "GPU" in each
         env = {**env, **({} if gpus else {"ACCELERATE_USE_CPU": "true"})}  # accelerate's PartialState: gloo on CPU
         shutil.rmtree(storage, ignore_errors=True)  # Ray Train would take a killed attempt's state for this job's
         trainer = TorchTrainer(
             _ray_worker, train_loop_config={"target": target, "args": list(args), "cwd": os.getcwd(), "env": env},
-            scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpus),
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpus, resources_per_worker=each,
+                                         placement_strategy="PACK" if gpus else "SPREAD"),
             torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
             run_config=RunConfig(storage_path=str(storage.resolve()), name="job"))
         try:
@@ -157,6 +255,33 @@ def ray_launch(launcher: LauncherConfig, target: Callable[..., object], args: Se
     finally:
         if owned:
             ray.shutdown()
+
+
+def ray_workers(nodes: Sequence[dict], wanted: int | None = None) -> tuple[int, dict[str, float]]:
+    """A Ray Train job's size from the cluster's resources (`ray.nodes()`): (workers, resources of each).
+
+    Where the live nodes have GPUs: one worker per GPU (a node of 8 uses all 8; a head without one gets none), a GPU
+    each. Else one worker per live node with CPUs, each taking the CPUs of the smallest such node, so that torch
+    in a worker uses the node's cores (Ray sets a worker's thread count to its CPUs) and no two share a node.
+    `wanted` (`launcher.num_processes`) sets the count instead; each still gets a GPU, or one CPU.
+
+    >>> head = {"Alive": True, "Resources": {"CPU": 4.0}}
+    >>> gpu_node = {"Alive": True, "Resources": {"CPU": 32.0, "GPU": 8.0}}
+    >>> ray_workers([head, gpu_node])
+    (8, {'GPU': 1.0})
+    >>> ray_workers([head, {"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 8.0}}])
+    (2, {'CPU': 2.0})
+    >>> ray_workers([head, gpu_node], wanted=2)
+    (2, {'GPU': 1.0})
+    """
+    live = [node["Resources"] for node in nodes if node["Alive"]]
+    gpus = int(sum(r.get("GPU", 0) for r in live))
+    if gpus:
+        return wanted or gpus, {"GPU": 1.0}
+    cpus = [r["CPU"] for r in live if r.get("CPU", 0) >= 1]
+    if not cpus:
+        raise LaunchError("the Ray cluster has no live node with a CPU or a GPU to run a training worker on")
+    return (wanted, {"CPU": 1.0}) if wanted else (len(cpus), {"CPU": float(int(min(cpus)))})
 
 
 def _ray_worker(config: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.registry import Registry, deprecated
+from pipeline.registry import Registry
 
 # Every mode: TRL's `reward_weights` is set by the pipeline from `supervision.rewards`.
 _REWARD_WEIGHTS = "set by the pipeline from supervision.rewards; set that instead"
@@ -30,6 +30,11 @@ class AdvantageInputs:
         rewards: each reward function's reward, (B, F), in `active_rewards`' order (the verifier first).
         lengths: each completion's tokens in the loss (0: masked out).
         supervision: the `supervision:` config section (its weights and options).
+        group_size: G, the completions of a prompt (consecutive rows).
+        scale: TRL's `scale_rewards` ("group", "batch", "none").
+        step: (the trainer's global step, its max_steps): where the phase is, for a schedule over steps.
+        round: (RL rounds done before this one, run.rounds): where the run is, for a schedule over rounds.
+        reward_names: the reward functions' names, in the order of `rewards`' columns.
     """
 
     outcome: Any
@@ -37,6 +42,11 @@ class AdvantageInputs:
     rewards: Any
     lengths: list[int]
     supervision: Any
+    group_size: int = 0
+    scale: str = "group"
+    step: tuple[int, int] = (0, 1)
+    round: tuple[int, int] = (0, 1)
+    reward_names: tuple[str, ...] = ()
 
 
 # (inputs) -> (advantages (B,) or (B, T), metrics to log under the mode's name)
@@ -59,6 +69,9 @@ class SupervisionMode:
         reads: `supervision.*` fields it reads besides `mode`; a non-default value of one it does not read
             is an error (a knob that does nothing).
         check: more validation of the `supervision:` section, raising ValueError; None: none.
+        check_group: validation of the `supervision:` section against G (`grpo.num_generations`, TRL's default
+            where not given), run where TRL's config is built at load (`pipeline.passthrough`), raising ValueError
+            whose message starts with the field's dotted path; None: none.
     """
 
     description: str
@@ -70,6 +83,7 @@ class SupervisionMode:
     replaces: Mapping[str, str] = field(default_factory=dict)
     reads: tuple[str, ...] = ()
     check: Callable[[Any], None] | None = None
+    check_group: Callable[[Any, int], None] | None = None
 
 
 def _process(x: AdvantageInputs):
@@ -97,6 +111,44 @@ def _verifier_only(supervision) -> None:
                          "supervision.rewards (or use mode: outcome to mix them in)")
 
 
+def _passk(x: AdvantageInputs):
+    from pipeline.passk import passk_advantages, passk_estimate, scheduled_k
+
+    p = x.supervision.passk
+    k = scheduled_k(p.k_values(), *(x.step if p.over == "steps" else x.round))
+    verifier = x.rewards[:, 0]  # (B,) the verifier is reward column 0, the only one in passk mode
+    bad = ((verifier != 0) & (verifier != 1)).nonzero().flatten()  # NaN (a reward of None) included
+    if bad.numel():
+        name = x.reward_names[0] if x.reward_names else "verifier"
+        raise ValueError(f"passk mode needs a binary reward: reward function {name!r} returned "
+                         f"{verifier[int(bad[0])].item()} for completion {int(bad[0])} of the batch; pass@k counts "
+                         "right (1) and wrong (0) samples: make it return 0 or 1, or use mode: outcome")
+    adv = passk_advantages(verifier, x.group_size, k, x.scale)  # (B,)
+    return adv, {"reward": passk_estimate(verifier, x.group_size, k).mean().item(), "k": float(k)}
+
+
+def _binary_reward(supervision) -> None:
+    others = [name for name, w in supervision.rewards.items() if name != "verifier" and w > 0]
+    if others:
+        raise ValueError(f"passk mode reads the verifier's 0/1 reward alone (pass@k counts right samples): drop "
+                         f"{', '.join(others)} from supervision.rewards, whose reward is not 0 or 1 (or use mode: "
+                         "outcome to mix them in)")
+
+
+def _passk_fits_group(supervision, group_size: int) -> None:
+    p = supervision.passk
+    field = "supervision.passk.schedule" if p.schedule is not None else "supervision.passk.k"
+    for k in p.k_values():
+        if k > group_size:
+            raise ValueError(f"{field}: k = {k} is more than grpo.num_generations ({group_size}): pass@k is "
+                             f"estimated from the k-subsets of a group's samples; use k < {group_size}, or raise "
+                             "num_generations")
+        if k == group_size:
+            raise ValueError(f"{field}: k = {k} equals grpo.num_generations: every sample of a group then gets the "
+                             "same pass@k reward (the group passes or not as a whole) and GRPO's advantages are all 0; "
+                             f"use k < {group_size}, or raise num_generations")
+
+
 _STEP_FIELDS = ("process_credit", "process_baseline", "process_centring", "process_reward", "process_reward_model")
 
 _RESULTS_1 = "[results §1](docs/results.md#1-process-against-outcome-supervision-and-online-rft)"
@@ -114,7 +166,7 @@ MODES: Registry[SupervisionMode] = Registry("supervision mode", SupervisionMode,
         "a step with the change in value it makes (PAV), `prime` is PRIME's credit from the implicit PRM",
         _process, step_rewards=True, trl_advantage=False, weighted_rewards=False, reads=_STEP_FIELDS,
         use="studying process supervision; a PRM that ranks steps well (`reward_model.oracle: gold` gives its upper "
-            "bound); the options: [docs/supervision.md](docs/supervision.md)",
+            "bound)",
         replaces={"reward_weights": _REWARD_WEIGHTS,
                   "multi_objective_aggregation": "not used in process or rft mode: it combines reward functions "
                   "into TRL's outcome advantages, which these modes replace; remove it"}),
@@ -132,9 +184,15 @@ MODES: Registry[SupervisionMode] = Registry("supervision mode", SupervisionMode,
                   "no group baseline and no scaling (DeepSeekMath §5.2.1); remove it, or use mode outcome or process",
                   "multi_objective_aggregation": "not used in process or rft mode: it combines reward functions "
                   "into TRL's outcome advantages, which these modes replace; remove it"}),
+    "passk": SupervisionMode(
+        "PKPO's pass@k rewards, then outcome mode's baseline (k = 1: outcome mode)",
+        _passk, trl_advantage=False, weighted_rewards=False, reads=("passk",), check=_binary_reward,
+        check_group=_passk_fits_group,
+        use="training for Pass@K, not Pass@1",
+        replaces={"reward_weights": _REWARD_WEIGHTS,
+                  "multi_objective_aggregation": "not used in passk mode: it combines reward functions into TRL's "
+                  "outcome advantages, and passk reads the verifier alone; remove it"}),
 })
-# The registration of before the Registry type, until the next release.
-register_mode = deprecated(MODES, "register_mode", "pipeline.modes.MODES.register")
 
 
 def supervision_mode(name: str) -> SupervisionMode:
@@ -161,10 +219,12 @@ def check_supervision(supervision: Any) -> None:
                          "(process_reward: progress) is not normalised: drop process_baseline")
     _check_prime(s, fields)
     for name in ("process_weight", "process_credit", "process_baseline", "process_centring", "process_reward",
-                 "process_reward_model"):
+                 "process_reward_model", "passk"):
         modes = [m for m, spec in MODES.items() if name in spec.reads]
-        if getattr(s, name) != fields[name].default and s.mode not in modes:
-            raise ValueError(f"{name} {getattr(s, name)!r} is only used in {' and '.join(modes)} mode, not in "
+        value = getattr(s, name)
+        if value != fields[name].get_default(call_default_factory=True) and s.mode not in modes:
+            shown = value.model_dump(exclude_defaults=True) if hasattr(value, "model_dump") else value
+            raise ValueError(f"{name} {shown!r} is only used in {' and '.join(modes)} mode, not in "
                              f"{s.mode} mode: remove it, or set mode: {modes[-1]}")
 
 

@@ -6,7 +6,7 @@ Math-Shepherd's soft labels learns to imitate, measured on the batch itself at t
 stand in for a PRM's step scores in process and hybrid mode (`policy.scored_steps`), so every credit rule takes them;
 the study runs them under `process_reward: progress` with PAV's fixed anchors.
 
-Prefixes, rollouts and verdicts are the collection's (`collect.make_request`, `label_exhaustive`, `success_rate`):
+Prefixes, rollouts and verdicts are the collection's (`mc_labels.make_request`, `label_exhaustive`, `success_rate`):
 a prefix is cut from the policy's own tokens and the rollouts go on from those ids; a prefix that already states an
 answer is settled by the verifier, without rollouts. The last step's value is the output's own verdict, exact (the
 output ended there), so it costs no rollout; under progress credit it is V_K, the outcome, anyway. The trainer
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from pipeline.collect import Completer, label_exhaustive, make_request
+from pipeline.mc_labels import Completer, label_exhaustive, make_request
 from pipeline.problems.base import Problem, ProblemSet
 from pipeline.scorers import problems_by_prompt
 
@@ -58,7 +58,7 @@ class McStepScorer:
         Args:
             prompts: the text each completion continued (the problem is found by it).
             completion_ids: each completion's ids as sampled (a trailing eos adds no text, so no step).
-            completer: (continuations, K) -> K whole completions of each (`collect.Completer`).
+            completer: (continuations, K) -> K whole completions of each (`mc_labels.Completer`).
         """
         reqs, outcomes = [], []
         for prompt, ids in zip(prompts, completion_ids):

@@ -121,6 +121,11 @@ def check_passthrough(cfg: PipelineConfig) -> None:
             mode = cfg.supervision.mode
             if section == "grpo" and supervision_mode(mode).step_rewards and built.num_generations < 2:
                 raise ConfigError(f"grpo.num_generations: must be at least 2 in {mode} mode (steps are normalised per group)")
+            if section == "grpo" and supervision_mode(mode).check_group:  # the mode's fields against G (TRL's default)
+                try:
+                    supervision_mode(mode).check_group(cfg.supervision, built.num_generations)
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
 
 
 def _build(section: str, build):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.problems import problem_set_from_config
-from pipeline.registry import Registry, deprecated
+from pipeline.registry import Registry
 from pipeline.rundir import Manifest, RunDir, RunDirError, phase_key, read_json, round_of
 
 # --------------------------------------------------------------------------------------- phase records
@@ -193,8 +193,6 @@ PHASES: Registry[Phase] = Registry("phase", Phase, {p.name: p for p in (
         "trained_against": _paths(done(r - 1, "reward_model")) or done(r, "reward_model").paths},
           figures=("eval/greedy", "eval/pass@1", "eval/maj@K", "eval/pass@K")),
 )}, name_field="name")
-# The registration of before the Registry type, until the next release.
-register_phase = deprecated(PHASES, "register_phase", "pipeline.phases.PHASES.register")
 
 
 def recorded(cfg: PipelineConfig, manifest: Manifest | None = None) -> Done:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.config import ConfigError, PipelineConfig
+from pipeline.launchers import LAUNCHERS
 from pipeline.loading import resumed_config_diff
 from pipeline.problems import problem_set_from_config
 from pipeline.rundir import Manifest, RunDirError, read_json, refuse_if_locked
@@ -25,8 +26,8 @@ def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
         needed.append(("grpo.use_vllm", "vllm", "vllm"))
     if cfg.collect.task_runner == "ray" and cfg.collect.workers > 1:
         needed.append(("collect.task_runner", "ray", "prefect_ray"))
-    if cfg.launcher.kind == "ray":
-        needed.append(("launcher.kind", "ray", "ray.train"))
+    if (extra := LAUNCHERS[cfg.launcher.kind].extra) is not None:
+        needed.append(("launcher.kind", *extra))
     return needed
 
 
@@ -215,15 +216,12 @@ def _rewards(cfg: PipelineConfig) -> str:
 
 
 def _launcher(cfg: PipelineConfig) -> str:
-    if cfg.launcher.kind == "local":
-        return "local (this process)"
-    from pipeline.launch import check_launchable
+    entry = LAUNCHERS[cfg.launcher.kind]
+    if not entry.in_process:
+        from pipeline.launch import check_launchable
 
-    check_launchable(cfg.launcher)
-    if cfg.launcher.kind == "ray":
-        workers = cfg.launcher.num_processes or "one per live node"
-        return f"a Ray Train job on the cluster at {cfg.launcher.ray_address or 'RAY_ADDRESS, or a local Ray'}, workers: {workers}"
-    return f"accelerate launch ({cfg.launcher.config_file or 'accelerate default config'})"
+        check_launchable(cfg.launcher)
+    return entry.summary(cfg.launcher)
 
 
 def _runs_dir_is_a_folder(cfg: PipelineConfig) -> None:

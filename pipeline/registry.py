@@ -2,7 +2,8 @@
 
 Each extension point is a `Registry`: supervision modes (`pipeline.modes.MODES`), reward functions
 (`pipeline.rewards.REWARD_FUNCS`), RM kinds and PRM head layouts (`pipeline.rm_kinds.RM_KINDS`, `PRM_HEADS`), problem
-sets (`pipeline.problems.PROBLEM_SETS`) and phases (`pipeline.phases.PHASES`). A registry is the dict of its entries,
+sets (`pipeline.problems.PROBLEM_SETS`), phases (`pipeline.phases.PHASES`), and the config's other choices: process
+rewards and oracles (`pipeline.step_rewards.PROCESS_REWARDS`, `ORACLES`) and launchers (`pipeline.launchers.LAUNCHERS`). A registry is the dict of its entries,
 in order; `register(NAME, field=value, ...)` adds one, keyword-only, and `table[NAME]` of an unknown name is one
 error shape everywhere: ``unknown <what> 'x'; known: a, b, c``.
 
@@ -14,11 +15,9 @@ calls it where it starts. Torch-free: the config's validation reads these tables
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import sys
-import warnings
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
@@ -70,25 +69,6 @@ class Registry(dict[str, T], Generic[T]):
         for hook in self.on_register:
             hook()
         return self[name]
-
-
-def deprecated(table: Registry, old: str, new: str) -> Callable[..., None]:
-    """The registration function `old` of before the Registry type (`old(name, entry)`, or `old(entry, after=None)`
-    where the entry carries its name), kept for one release: it registers as `new(NAME, field=...)` does, with a
-    warning."""
-
-    def register(*args: Any, after: str | None = None) -> None:
-        if table.name_field:  # old(entry, after=None): the name is the entry's own
-            entry, after = args[0], (args[1] if len(args) > 1 else after)
-            name = getattr(entry, table.name_field)
-        else:
-            name, entry = args
-        warnings.warn(f"{old} is deprecated and will be removed in the next release: write {new}({name!r}, "
-                      "field=value, ...)", DeprecationWarning, stacklevel=2)
-        fields = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry) if f.name != table.name_field}
-        table.register(name, after=after, **fields)
-
-    return register
 
 
 def resolve(ref: Any) -> Any:

@@ -44,27 +44,36 @@ _IGNORED = {"run": ("name", "runs_dir", "rounds"), "tracking": None, "eval": Non
 # Fields added to the config since scratch folders were first fingerprinted: hashed only where set away from their
 # default, so a phase stopped under an older release resumes its checkpoints after an upgrade (a new field at its
 # default computes what the older release did). A field added to the config joins this list; a test pins the hash.
-_ADDED = {"supervision": ("prime_process_coef", "prime_outcome_coef"), "reward_model": ("mc_rollouts",),
+_ADDED = {"supervision": ("prime_process_coef", "prime_outcome_coef", "passk"), "reward_model": ("mc_rollouts",),
           "launcher": ("ray_address",)}
+
+# The built-in RM kinds' section fields as the flat `reward_model.*` keys they were when fingerprints began: kind ->
+# {flat key: field}. The config reads only the sections; the hash reads them so, to stay the same.
+_FLAT = {"orm": {"orm_loss": "loss"}, "implicit": {"implicit_beta": "beta", "implicit_online_lr": "online_lr"}}
+
+
+def _dumped(field) -> object:
+    """A field's default as the config's JSON dump holds it (a section, such as `supervision.passk`, as its dict)."""
+    default = field.get_default(call_default_factory=True)
+    return default.model_dump(mode="json") if hasattr(default, "model_dump") else default
 
 
 def _as_fingerprinted(data: dict) -> dict:
     """The config's dump as fingerprints have always read it: the RM kinds' sections as their flat keys of before
     (`reward_model.implicit.beta` as `implicit_beta`), the fields added since left out at their defaults."""
     from pipeline.config import PipelineConfig
-    from pipeline.rm_kinds import RM_KINDS
 
     rm = dict(data.get("reward_model") or {})
-    for kind, entry in RM_KINDS.items():
+    for kind, flat in _FLAT.items():
         section = rm.get(kind)
-        if entry.moved and isinstance(section, dict):
-            rest = {k: v for k, v in section.items() if k not in entry.moved.values()}
+        if isinstance(section, dict):
+            rest = {k: v for k, v in section.items() if k not in flat.values()}
             rm.pop(kind)
-            rm.update({old: section.get(new) for old, new in entry.moved.items()}, **({kind: rest} if rest else {}))
+            rm.update({old: section.get(new) for old, new in flat.items()}, **({kind: rest} if rest else {}))
     data = {**data, "reward_model": rm}
     for name, added in _ADDED.items():
         fields = PipelineConfig.model_fields[name].annotation.model_fields  # the defaults, from the config itself
-        data[name] = {k: v for k, v in (data.get(name) or {}).items() if k not in added or v != fields[k].default}
+        data[name] = {k: v for k, v in (data.get(name) or {}).items() if k not in added or v != _dumped(fields[k])}
     return data
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.problems import Problem, ProblemSet
-from pipeline.registry import Registry, deprecated
+from pipeline.registry import Registry
 
 RewardFunc = Callable[..., list[float]]
 # A reward model's scorer (`pipeline.scorers`): (prompts, completions) -> one score per solution.
@@ -99,8 +99,6 @@ REWARD_FUNCS: Registry[RewardSpec] = Registry("reward function", RewardSpec, {
     "verifier": RewardSpec(lambda problem_set, scorers: verifier_reward(problem_set)),
     "orm": RewardSpec(lambda problem_set, scorers: scorer_reward(scorers["orm"]), reward_model="orm"),
 })
-# The registration of before the Registry type, until the next release.
-register_reward = deprecated(REWARD_FUNCS, "register_reward", "pipeline.rewards.REWARD_FUNCS.register")
 
 
 def reward_spec(name: str) -> RewardSpec:

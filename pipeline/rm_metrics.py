@@ -17,17 +17,18 @@ def mean(xs: Sequence[float]) -> float:
 
 
 def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
-    """ROC AUC by the rank-sum (Mann-Whitney) formula, ties counted half; NaN when one class is absent.
+    """ROC AUC (scikit-learn's `roc_auc_score`: ties counted half), a label counting as positive where it is true;
+    NaN when one class is absent (where scikit-learn would raise).
 
     >>> auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
     0.75
     """
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
+    from sklearn.metrics import roc_auc_score  # installed with MLflow; imported here, as the config imports none of it
+
+    binary = [int(bool(y)) for y in labels]
+    if len(set(binary)) < 2:
         return float("nan")
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
+    return float(roc_auc_score(binary, list(scores)))
 
 
 def accuracy(scores: Sequence[float], labels: Sequence[float], threshold: float = 0.5) -> float:

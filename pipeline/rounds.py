@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from pipeline import tracking
 from pipeline.config import PipelineConfig
+from pipeline.launchers import LAUNCHERS
 from pipeline.phases import PHASES, Phase, PhaseResult, PhaseRuns, phase_line, recorded
 from pipeline.preflight import preflight, refuse_changed_config
-from pipeline.registry import load_plugins
+from pipeline.registry import load_plugins, resolve
 from pipeline.rundir import Manifest, RunDir, keep_resumable, phase_key, read_json, run_lock, stop_if_told
 
 log = logging.getLogger(__name__)  # one line per phase; `igrpo` shows it on the console (flows/console.py)
@@ -151,12 +152,13 @@ def run_phase(cfg: PipelineConfig, round_index: int, name: str, **inputs) -> Pha
     kwargs = {"round_index": round_index, **inputs}
     try:
         with tracking.scope(runs.run_id, *runs.models.values()):  # stopped or failed: not left RUNNING
-            if phase.launchable and cfg.launcher.kind != "local" and phase.body(round_index) is phase.run:
+            in_process = LAUNCHERS[cfg.launcher.kind].in_process  # else its processes are launched
+            if phase.launchable and not in_process:  # round 0's SFT too
                 from pipeline.launch import launch_phase
 
                 work = RunDir(cfg.run_dir).launch(round_index, name)
                 result = PhaseResult.from_manifest(launch_phase(cfg, name, kwargs, work, dataclasses.asdict(runs),
-                                                                launched))
+                                                                launched, resolve(LAUNCHERS[cfg.launcher.kind].start)))
             else:
                 result = execute(cfg, name, runs, kwargs)
             stop_if_told()  # told to stop while it ran and it finished all the same: not recorded, a resume redoes it

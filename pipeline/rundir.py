@@ -3,7 +3,7 @@
 ```
 runs/<name>/manifest.json              finished phases (key `round-XXX/<phase>`), outputs, metrics, MLflow run ids;
                                        outputs relative to runs/<name>/, so that it resumes moved or from anywhere
-runs/<name>/.lock                      the pid of the process running it (a dead pid's lock is taken over)
+runs/<name>/.lock                      the pid of the process running it (locked with flock: freed when it dies)
 runs/<name>/pass_maj_rounds.png        Pass@K and Maj@K against K, one line per round
 runs/<name>/round-XXX/policy/          the round's policy checkpoint
 runs/<name>/round-XXX/samples.parquet  the round's labelled shard (the replay buffer is all shards)
@@ -25,6 +25,7 @@ sees the old file or the new one, never half of one.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -34,7 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from models.atomic import atomic_path
 
@@ -330,61 +331,82 @@ def stop_if_told() -> None:
 
 
 # -------------------------------------------------------------------------------------------------- lock
+# `flock` on `.lock`: the kernel drops it when its holder dies (SIGKILL included), so a lock is never guessed stale
+# from a pid, which a new process may have reused. The pid inside names the holder in a second run's refusal.
+
+_held: dict[Path, int] = {}  # the locks this process holds: path -> its open file
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _try_flock(fd: int, how: int, tries: int = 1) -> bool:
+    for _ in range(tries):
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.01)
+    return False
 
 
-def _lock_pid(run_dir: str | os.PathLike) -> int | None:
-    """The pid written in `run_dir`'s lock, or None (no lock, or an unreadable one)."""
-    try:
-        return int(RunDir(run_dir).lock.read_text().strip() or 0) or None
-    except (OSError, ValueError):
-        return None
-
-
-def lock_holder(run_dir: str | os.PathLike) -> int | None:
-    """The pid of a live process holding `run_dir`'s lock, or None (no lock, or a stale one)."""
-    pid = _lock_pid(run_dir)
-    return pid if pid and pid != os.getpid() and _pid_alive(pid) else None
+def _refuse(run_dir: str | os.PathLike, fd: int) -> NoReturn:
+    """Raise the refusal for `run_dir`, whose lock another process holds (`fd`: the lock file, opened)."""
+    for _ in range(100):  # its holder writes the pid just after taking the lock
+        pid = os.pread(fd, 32, 0).strip()
+        if pid.isdigit():
+            break
+        time.sleep(0.01)
+    holder = f" (pid {int(pid)})" if pid.isdigit() else ""
+    raise RunDirError(f"{run_dir} is in use by another run{holder}; wait for it or stop it")
 
 
 def refuse_if_locked(run_dir: str | os.PathLike) -> None:
-    pid = lock_holder(run_dir)
-    if pid:
-        raise RunDirError(f"{run_dir} is in use by another run (pid {pid}); wait for it or stop it")
+    """Refuse `run_dir` if another process holds its lock (a check before starting; `run_lock` takes it)."""
+    lock = RunDir(run_dir).lock.resolve()
+    if lock in _held:
+        return
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # no lock (or no folder to hold one: the preflight names what is wrong with it)
+        return
+    try:
+        if not _try_flock(fd, fcntl.LOCK_SH):  # shared: two runs checking at once never refuse each other
+            _refuse(run_dir, fd)
+    finally:
+        os.close(fd)  # drops the check's own shared lock
 
 
 def release_lock(run_dir: str | os.PathLike) -> None:
-    """Remove `run_dir`'s lock if this process holds it."""
-    if _lock_pid(run_dir) == os.getpid():
-        RunDir(run_dir).lock.unlink(missing_ok=True)
+    """Remove `run_dir`'s lock if this process holds it (at a hard exit: the kernel frees it, the file would stay)."""
+    _release(RunDir(run_dir).lock.resolve())
+
+
+def _release(lock: Path) -> None:
+    fd = _held.pop(lock, None)  # None: released already (a hard exit's `release_lock`, then the `finally`)
+    if fd is not None:
+        lock.unlink(missing_ok=True)  # still locked: a run that opened this file finds it gone, and opens anew
+        os.close(fd)
 
 
 @contextlib.contextmanager
 def run_lock(run_dir: str | os.PathLike):
-    """Hold `run_dir/.lock` (our pid inside) for the duration; refuse a live holder, take over a dead one."""
-    lock = RunDir(run_dir).lock
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            refuse_if_locked(run_dir)
-            lock.unlink(missing_ok=True)  # stale: its process is gone
-    else:
-        raise RunDirError(f"could not take the lock {lock}")
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
+    """Hold `run_dir/.lock` (our pid inside) for the duration; refuse another holder. A dead holder's file is
+    taken as it is: nothing holds it."""
+    RunDir(run_dir).root.mkdir(parents=True, exist_ok=True)
+    lock = RunDir(run_dir).lock.resolve()  # one name for it, whatever the working directory at release
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        if not _try_flock(fd, fcntl.LOCK_EX, tries=20):  # a second run's check holds it (shared) for an instant
+            try:
+                _refuse(run_dir, fd)
+            finally:
+                os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                break
+        os.close(fd)  # its holder removed the file between our open and our lock: the lock is the new file's
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _held[lock] = fd
     try:
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        _release(lock)

@@ -3,7 +3,24 @@ tables that declare sections (`pipeline.modes`, `pipeline.rm_kinds`) and `pipeli
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def accelerate_config_path(config_file: str) -> Path:
+    """Where `launcher.config_file` points: as given (absolute, or from the working directory), else from the repo.
+
+    The fallback lets `configs/accelerate/zero2.yaml` work from any directory with an editable install. Here, not in
+    the config or the launch code, as both read it and the launchers' table (which the config imports) starts the
+    launch code.
+    """
+    path = Path(config_file).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    return REPO_ROOT / path
 
 
 class Section(BaseModel):

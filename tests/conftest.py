@@ -158,7 +158,7 @@ def ray_launched_steps(mini_models, step_plugin_path, _ray_nodes, tmp_path_facto
     pipeline starts a launched phase (`launch_phase`, which gives the job this process's PYTHONPATH, the plugin's),
     one worker on each node of the session's Ray cluster: {"hybrid": figures}, as `launched_steps[2]`."""
     from pipeline.config import PipelineConfig
-    from pipeline.launch import launch_phase
+    from pipeline.launch import launch_phase, ray_phase
     from tests import launcher_step
 
     launcher = {"kind": "ray", "ray_address": _ray_nodes.address, "num_processes": 2}
@@ -166,7 +166,7 @@ def ray_launched_steps(mini_models, step_plugin_path, _ray_nodes, tmp_path_facto
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", step_plugin_path)
         return launch_phase(PipelineConfig(launcher=launcher), "policy", args, tmp_path_factory.mktemp("ray-launched"),
-                            {}, launcher_step.launched)
+                            {}, launcher_step.launched, ray_phase)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -351,10 +351,10 @@ def registries():
     (the config's `problems:` sections too)."""
     import tempfile
 
-    from pipeline import modes, phases, problems, registry, rewards, rm_kinds
+    from pipeline import launchers, modes, phases, problems, registry, rewards, rm_kinds, step_rewards
 
     tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS, rm_kinds.PRM_HEADS,
-              phases.PHASES)
+              phases.PHASES, launchers.LAUNCHERS, step_rewards.PROCESS_REWARDS, step_rewards.ORACLES)
     before, loaded, modules = [dict(t) for t in tables], set(registry._loaded), set(sys.modules)
     yield
     for table, old in zip(tables, before):

@@ -142,7 +142,7 @@ def run_grpo(tok, policy_dir, out_dir, rows, supervision: str, scorer=None, scal
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from pipeline.policy import ProcessGRPOTrainer
+    from pipeline.grpo_trainer import ProcessGRPOTrainer
     from tests.tokenizer_cases import PROMPT, PROMPT_B
 
     def rollout(prompts, trainer):

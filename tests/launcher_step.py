@@ -41,7 +41,7 @@ from transformers import TrainerCallback
 from models.factories import load_tokenizer
 from pipeline.config import PipelineConfig
 from pipeline.passthrough import grpo_config
-from pipeline.policy import ProcessGRPOTrainer
+from pipeline.grpo_trainer import ProcessGRPOTrainer
 from pipeline.registry import load_plugins
 from pipeline.reward_model import train_reward_model
 from pipeline.rewards import REWARD_FUNCS
@@ -220,3 +220,12 @@ if __name__ == "__main__":
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def fails_loudly(marker: str) -> None:
+    """A Ray Train worker's target that prints `marker` and fails (tests/test_ray_launch.py): its output and its
+    error must reach the driver's console."""
+    import os
+
+    print(f"{marker} from rank {os.environ.get('RANK')}", flush=True)
+    raise RuntimeError(f"{marker}: the worker's own error")

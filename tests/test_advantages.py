@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 
 import pytest
@@ -649,3 +650,203 @@ def test_progress_credit_config_where_it_applies():
     with pytest.raises(ConfigError, match="progress .* is not normalised: drop process_baseline"):
         config_from_dict({"supervision": {"process_reward": "progress", "process_baseline": "position"}},
                          check_trl=False)
+
+
+# ---------------------------------------------------------------------------------------------- pass@k (PKPO)
+
+
+def _passk_brute_force(f: list[int], k: int) -> tuple[list[float], float]:
+    """Every k-subset of one group, enumerated: each sample's pass@k reward n * (sum over the subsets holding it of
+    their max) / C(n, k), and the group's pass@k estimate, the mean over the subsets of their max."""
+    import itertools
+
+    n = len(f)
+    subsets = list(itertools.combinations(range(n), k))
+    rewards = [n * sum(max(f[j] for j in s) for s in subsets if i in s) / len(subsets) for i in range(n)]
+    return rewards, sum(max(f[j] for j in s) for s in subsets) / len(subsets)
+
+
+def test_passk_worked_example_of_the_reference():
+    from pipeline.passk import passk_advantages, passk_estimate, passk_rewards
+
+    # REFERENCE.md, n = 4, k = 2, A right, B, C, D wrong: of the 6 pairs AB, AC, AD pass, so PKPO's r~_A = 3/6 and
+    # r~_B = r~_C = r~_D = 1/6; summed 1.0 = k * pass@2, pass@2 = 1 - C(3,2)/C(4,2) = 0.5. Our reward is n * r~ (GRPO's
+    # loss takes the mean over the group itself): [2, 2/3, 2/3, 2/3], whose mean 1.0 is k * pass@2.
+    f = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert passk_rewards(f, 4, 2).tolist() == pytest.approx([2.0, 2 / 3, 2 / 3, 2 / 3], abs=1e-12)
+    assert passk_estimate(f, 4, 2).tolist() == pytest.approx([0.5], abs=1e-12)
+    # Advantages: minus the group's mean (1.0) -> [1, -1/3, -1/3, -1/3], over outcome mode's std of the 0/1
+    # rewards (0.5, unbiased) + 1e-4 -> [1.9996, -0.6665, ...]: 4/3 (= 2 - 2/3) times outcome mode's [1.4997, -0.4999].
+    adv = passk_advantages(f, 4, 2)
+    torch.testing.assert_close(adv, torch.tensor([1 / 0.5001, -1 / 3 / 0.5001, -1 / 3 / 0.5001, -1 / 3 / 0.5001]),
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(adv, 4 / 3 * outcome_advantages(f, 4), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_passk_rewards_and_estimate_match_every_k_subset_enumerated(n):
+    import itertools
+
+    from pipeline.passk import passk_estimate, passk_rewards
+
+    for f in itertools.product([0, 1], repeat=n):  # every group of n binary rewards
+        for k in range(1, n + 1):
+            want, rho = _passk_brute_force(list(f), k)
+            got = passk_rewards(torch.tensor(f, dtype=torch.float32), n, k)
+            assert got.tolist() == pytest.approx(want, abs=1e-6), (f, k)
+            assert passk_estimate(torch.tensor(f), n, k).item() == pytest.approx(rho, abs=1e-6), (f, k)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_passk_advantages_match_a_plain_loop_on_random_batches(scale):
+    from pipeline.passk import passk_advantages
+
+    rng = random.Random(0)
+    for n, k in ((4, 2), (5, 3), (8, 4), (6, 1), (8, 7)):
+        f = [rng.random() < p for p in (0.2, 0.5, 0.8) for _ in range(n)]  # three groups, hard to easy
+        rewards = torch.tensor(f, dtype=torch.float32)
+        # Plain loop: each group's enumerated pass@k rewards minus their mean, over the std outcome mode takes of
+        # the 0/1 rewards (the group's unbiased one, the batch's, or 1 with no eps).
+        batch_std = statistics.stdev(map(float, f))
+        want = []
+        for g in range(3):
+            group = [int(x) for x in f[g * n : (g + 1) * n]]
+            r, _ = _passk_brute_force(group, k)
+            mean = sum(r) / n
+            std = {"group": statistics.stdev(group), "batch": batch_std, "none": None}[scale]
+            want += [(x - mean) / (std + 1e-4) if std is not None else x - mean for x in r]
+        assert passk_advantages(rewards, n, k, scale).tolist() == pytest.approx(want, abs=1e-5), (n, k)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_passk_at_k_1_is_outcome_mode_exactly(scale):
+    from pipeline.passk import passk_advantages
+
+    rewards = (torch.rand(6 * 8, generator=torch.Generator().manual_seed(1)) < 0.4).float()
+    assert torch.equal(passk_advantages(rewards, 8, 1, scale), outcome_advantages(rewards, 8, scale))
+
+
+def test_passk_invariants_group_sums_and_weights():
+    from pipeline.passk import passk_advantages, passk_estimate, passk_group_weights, passk_rewards
+
+    n, k = 8, 3
+    rewards = torch.tensor([float(i < c) for c in range(n + 1) for i in range(n)])  # c = 0..8 right per group
+    r = passk_rewards(rewards, n, k).view(-1, n)
+    torch.testing.assert_close(r.sum(1), n * k * passk_estimate(rewards, n, k), atol=1e-12, rtol=0)
+    adv = passk_advantages(rewards, n, k, "none").view(-1, n)
+    torch.testing.assert_close(adv.sum(1), torch.zeros(n + 1), atol=1e-5, rtol=0)  # centred per group
+    # The weight of a group falls as its right samples grow, and is 0 once c > n - k: every (k-1)-subset of the
+    # other n - 1 samples then holds a right one, so a wrong sample's sets pass as often as a right one's.
+    w = passk_group_weights(rewards, n, k).view(-1, n)[:, 0].tolist()
+    assert w == pytest.approx([k * math.comb(max(n - 1 - c, 0), k - 1) / math.comb(n - 1, k - 1)
+                               for c in range(n + 1)])
+    assert all(a >= b for a, b in zip(w, w[1:])) and w[n - k + 1 :] == [0.0] * k
+
+
+@pytest.mark.parametrize(("rewards", "k", "match"), [
+    ([1.0, 0.5, 0.0, 1.0], 2, "reward of row 1 is 0.5; pass@k needs binary rewards"),
+    ([1.0, float("nan"), 0.0, 1.0], 2, "reward of row 1 is nan"),
+    ([1.0, 0.0, 0.0, 1.0], 5, r"k must be an integer in \[1, group_size = 4\], got 5"),
+    ([1.0, 0.0, 0.0, 1.0], 0, "got 0"),
+    ([1.0, 0.0, 0.0], 2, "not a multiple of group_size"),
+])
+def test_passk_bad_inputs_are_one_clear_error(rewards, k, match):
+    from pipeline.passk import passk_advantages
+
+    with pytest.raises(ValueError, match=match):
+        passk_advantages(torch.tensor(rewards), 4, k)
+
+
+def test_scheduled_k_cuts_the_clock_into_equal_parts():
+    from pipeline.passk import scheduled_k
+
+    # PKPO's annealing, high to low: [8, 4, 2, 1] over 10 steps -> parts of 2.5 steps, each step in the part its
+    # start falls in (step * 4 // 10); over 3 rounds, [8, 1] cuts at 1.5 rounds: rounds 1 and 2 (done 0, 1) train
+    # pass@8, round 3 (done 2) pass@1.
+    assert [scheduled_k([8, 4, 2, 1], s, 10) for s in range(10)] == [8, 8, 8, 4, 4, 2, 2, 2, 1, 1]
+    assert [scheduled_k([8, 1], r, 3) for r in range(3)] == [8, 8, 1]
+    assert scheduled_k([8, 1], 7, 3) == 1  # past the end: the last value
+    with pytest.raises(ValueError, match="at least one value"):
+        scheduled_k([], 0, 1)
+
+
+def test_passk_mode_reads_the_scheduled_k_and_logs_the_pass_at_k_reward():
+    from pipeline.config import SupervisionConfig
+    from pipeline.modes import MODES, AdvantageInputs
+    from pipeline.passk import passk_advantages, passk_estimate
+
+    s = SupervisionConfig(mode="passk", passk={"schedule": [3, 2, 1]})
+    rewards = torch.tensor([[1.0], [0.0], [0.0], [0.0], [1.0], [1.0], [0.0], [0.0]])  # (B, F): the verifier only
+    by_step = []
+    for step in range(6):
+        x = AdvantageInputs(None, None, rewards, [3] * 8, s, group_size=4, scale="group", step=(step, 6))
+        adv, figures = MODES["passk"].advantages(x)
+        k = int(figures["k"])
+        assert torch.equal(adv, passk_advantages(rewards[:, 0], 4, k, "group"))
+        assert figures["reward"] == pytest.approx(passk_estimate(rewards[:, 0], 4, k).mean().item())
+        by_step.append(k)
+    assert by_step == [3, 3, 2, 2, 1, 1]
+    # k = 1: the pass@k reward is pass@1, the mean verifier reward TRL logs as `reward`.
+    assert figures["reward"] == pytest.approx(rewards.mean().item())
+    # Over rounds: the round's position, not the step's.
+    rounds = SupervisionConfig(mode="passk", passk={"schedule": [3, 1], "over": "rounds"})
+    ks = [MODES["passk"].advantages(AdvantageInputs(None, None, rewards, [3] * 8, rounds, 4, step=(0, 6),
+                                                    round=(r, 2)))[1]["k"] for r in range(2)]
+    assert ks == [3.0, 1.0]
+
+
+def test_passk_mode_refuses_a_reward_that_is_not_binary_naming_it():
+    from pipeline.config import SupervisionConfig
+    from pipeline.modes import MODES, AdvantageInputs
+
+    rewards = torch.tensor([[1.0], [0.5], [0.0], [0.0]])
+    x = AdvantageInputs(None, None, rewards, [3] * 4, SupervisionConfig(mode="passk", passk={"k": 2}), 4,
+                        reward_names=("partial_credit",))
+    with pytest.raises(ValueError, match="passk mode needs a binary reward: reward function 'partial_credit' "
+                                         "returned 0.5 for completion 1"):
+        MODES["passk"].advantages(x)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"passk": {"k": 9}}, "supervision.passk.k: k = 9 is more than grpo.num_generations (8)"),
+    ({"passk": {"k": 8}}, "supervision.passk.k: k = 8 equals grpo.num_generations: every sample of a group"),
+    ({"passk": {"k": 0}}, "supervision.passk.k: Input should be greater than or equal to 1"),
+    ({"passk": {"schedule": [16, 1]}}, "supervision.passk.schedule: k = 16 is more than grpo.num_generations (8)"),
+    ({"passk": {"schedule": [4, 0]}}, "supervision.passk.schedule.1: Input should be greater than or equal to 1"),
+    ({"passk": {"k": 2, "schedule": [4, 1]}}, "supervision.passk: give passk.k (one k) or passk.schedule"),
+    ({"passk": {"over": "rounds"}}, "supervision.passk: passk.over is the clock of passk.schedule"),
+    ({"rewards": {"verifier": 1.0, "orm": 0.5}}, "supervision: passk mode reads the verifier's 0/1 reward alone "
+                                                 "(pass@k counts right samples): drop orm from supervision.rewards"),
+])
+def test_passk_bad_values_are_refused_at_load_naming_the_field(data, expected):
+    from pipeline.config import ConfigError
+    from pipeline.loading import config_from_dict
+
+    extra = {"reward_model": {"kinds": ["prm", "orm"]}} if "rewards" in data else {}
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        config_from_dict({"supervision": {"mode": "passk", **data}, "grpo": {"num_generations": 8}, **extra})
+
+
+def test_passk_config_loads_and_its_section_is_refused_in_other_modes():
+    from pipeline.config import ConfigError
+    from pipeline.loading import config_from_dict
+
+    cfg = config_from_dict({"supervision": {"mode": "passk", "passk": {"schedule": [6, 4, 1], "over": "rounds"}},
+                            "grpo": {"num_generations": 8}})
+    assert cfg.supervision.passk.k_values() == [6, 4, 1]
+    # TRL's default num_generations (8) where the YAML gives none.
+    with pytest.raises(ConfigError, match=r"supervision.passk.k: k = 8 equals grpo.num_generations"):
+        config_from_dict({"supervision": {"mode": "passk", "passk": {"k": 8}}})
+    with pytest.raises(ConfigError, match=r"passk \{'k': 2\} is only used in passk mode, not in outcome mode"):
+        config_from_dict({"supervision": {"mode": "outcome", "passk": {"k": 2}}}, check_trl=False)
+    # A stored config with every default written out (the run directory's) loads in any mode.
+    dumped = config_from_dict({"supervision": {"mode": "outcome"}}, check_trl=False).model_dump(mode="json")
+    assert config_from_dict(dumped, check_trl=False).supervision.passk.k == 4
+
+
+def test_passk_docstring_examples_hold():
+    import doctest
+
+    import pipeline.passk
+
+    assert doctest.testmod(pipeline.passk).failed == 0

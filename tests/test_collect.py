@@ -12,16 +12,9 @@ import math
 import pytest
 
 from models import char_tokenizer
-from pipeline.collect import (
-    Labels,
-    agreement,
-    draw_prompts,
-    imputed_share,
-    label_exhaustive,
-    label_first_error,
-    make_request,
-)
+from pipeline.collect import draw_prompts
 from pipeline.generation import Continuation
+from pipeline.mc_labels import Labels, agreement, imputed_share, label_exhaustive, label_first_error, make_request
 from pipeline.problems import EmbeddedArithmetic, Problem
 from pipeline.problems.arithmetic import format_prompt, format_solution
 from pipeline.replay import write_shard

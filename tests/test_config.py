@@ -255,6 +255,8 @@ def test_an_old_run_directorys_config_reads_as_todays_defaults():
 
     stored = json.loads(OLD_MANIFEST_CONFIG.read_text())
     assert stored["supervision"]["verifier_weight"] == 1.0 and "rewards" not in stored["supervision"]
+    # Its flat reward_model.orm_loss is read no more (no release shipped it): the ORM's section says it now.
+    stored["reward_model"]["orm"] = {"loss": stored["reward_model"].pop("orm_loss")}
     assert PipelineConfig.model_validate(stored) == PipelineConfig()
     # So resuming it is no change, while a real change still shows.
     assert resumed_config_diff(stored, PipelineConfig()) == []
@@ -269,64 +271,17 @@ def test_an_old_run_directorys_config_reads_as_todays_defaults():
     assert resumed_config_diff(stored, now) == []
 
 
-# --- a kind's settings in its own section; the flat keys of before, read for one release -----------------
+# --- a kind's settings in its own section -----------------------------------------------------------------
 
 
-def test_a_kinds_flat_key_of_before_reads_into_its_section_with_one_warning(caplog):
-    from pipeline.rm_kinds import config as rm_config
-
-    rm_config._WARNED.clear()
-    old = {"reward_model": {"kinds": ["prm", "implicit", "orm"], "implicit_beta": 0.5, "orm_loss": "pairwise"}}
-    with caplog.at_level("WARNING", logger="pipeline.rm_kinds.config"):
-        cfg = config_from_dict(old, check_trl=False)
-        config_from_dict(old, ["reward_model.implicit_online_lr=null"], check_trl=False)  # --set reads them too
-    assert (cfg.reward_model.implicit.beta, cfg.reward_model.orm.loss) == (0.5, "pairwise")
-    assert cfg == config_from_dict({"reward_model": {"kinds": ["prm", "implicit", "orm"], "implicit": {"beta": 0.5},
-                                                     "orm": {"loss": "pairwise"}}}, check_trl=False)
-    # Once a key, each naming the key to write instead.
-    assert [r.getMessage() for r in caplog.records] == [
-        "reward_model.orm_loss is deprecated and will be removed in the next release: write reward_model.orm.loss",
-        "reward_model.implicit_beta is deprecated and will be removed in the next release: write "
-        "reward_model.implicit.beta",
-        "reward_model.implicit_online_lr is deprecated and will be removed in the next release: write "
-        "reward_model.implicit.online_lr",
-    ]
-    with pytest.raises(ConfigError, match="^reward_model: give reward_model.implicit.beta or the older "
-                                          "reward_model.implicit_beta, not both"):
-        config_from_dict({"reward_model": {"implicit_beta": 0.5, "implicit": {"beta": 0.1}}}, check_trl=False)
+def test_a_kinds_flat_key_of_before_is_an_unknown_field():
+    # No release shipped the flat keys (`reward_model.implicit_beta`): a kind's settings are its section alone.
+    for old in ({"implicit_beta": 0.5}, {"orm_loss": "pairwise"}, {"implicit_online_lr": None}):
+        with pytest.raises(ConfigError, match=f"^reward_model.{next(iter(old))}: "):
+            config_from_dict({"reward_model": {"kinds": ["prm", "implicit", "orm"], **old}}, check_trl=False)
 
 
-def test_a_run_directory_stored_with_the_flat_keys_resumes_quietly(caplog):
-    # A manifest written before the kinds' sections: cfg.model_dump with reward_model.implicit_beta, ... flat.
-    from pipeline.rm_kinds import config as rm_config
-
-    rm_config._WARNED.clear()
-    now = config_from_dict({"reward_model": {"kinds": ["implicit"], "implicit": {"beta": 0.5}},
-                            "collect": {"rollouts_per_step": 0}, "supervision": {"process_reward_model": "implicit"}},
-                           check_trl=False)
-    stored = now.model_dump(mode="json")
-    rm = stored["reward_model"]
-    rm.update(implicit_beta=rm.pop("implicit")["beta"], implicit_online_lr=None, orm_loss=rm.pop("orm")["loss"])
-    with caplog.at_level("WARNING"):
-        assert resumed_config_diff(stored, now) == []
-    assert caplog.records == []  # the user wrote none of it
-    changed = config_from_dict({"reward_model": {"kinds": ["implicit"], "implicit": {"beta": 0.25}},
-                                "collect": {"rollouts_per_step": 0}, "supervision": {"process_reward_model": "implicit"}},
-                           check_trl=False)
-    assert resumed_config_diff(stored, changed) == ["reward_model.implicit.beta: 0.5 -> 0.25"]
-    # refuse_changed_config, the resume's own check, reads the manifest so.
-    from pipeline.preflight import refuse_changed_config
-    from pipeline.rundir import RunDirError
-
-    class Manifest:
-        data = {"config": stored}
-
-    refuse_changed_config(Manifest(), now)
-    with pytest.raises(RunDirError, match="reward_model.implicit.beta: 0.5 -> 0.25"):
-        refuse_changed_config(Manifest(), changed)
-
-
-@pytest.mark.parametrize("rm", [{"implicit": {"online_lr": 1e-6}}, {"implicit_online_lr": 1e-6},
+@pytest.mark.parametrize("rm", [{"implicit": {"online_lr": 1e-6}},
                                 {"kinds": ["prm"], "orm": {"loss": "pairwise"}}])
 def test_a_kinds_section_set_for_a_kind_not_trained_is_refused(rm):
     # Nothing reads reward_model.<kind> unless the kind is trained: before the sections, the online update set beside

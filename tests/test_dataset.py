@@ -282,7 +282,8 @@ def test_the_prm_is_trained_and_scored_at_the_sets_steps():
     from types import SimpleNamespace
 
     from models import char_tokenizer
-    from pipeline.policy import check_step_separator, completion_steps
+    from pipeline.grpo_trainer import completion_steps
+    from pipeline.policy import check_step_separator
     from pipeline.reward_model import with_separator
     from pipeline.rm_kinds.prm import prm_examples
     from pipeline.scorers import SEPARATOR_KEY, trained_separator
@@ -310,7 +311,7 @@ def test_the_prm_is_trained_and_scored_at_the_sets_steps():
 
 def test_mc_prefixes_end_with_the_whole_separator(math_set):
     from models import char_tokenizer
-    from pipeline.collect import make_request
+    from pipeline.mc_labels import make_request
 
     tok = char_tokenizer()
     text = "1/4 + 1/4\n\n= 2/4\n\nboxed"

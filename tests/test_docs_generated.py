@@ -28,3 +28,18 @@ def test_a_mode_or_kind_registered_changes_its_tables(monkeypatch):
 def test_a_page_without_its_region_is_an_error_naming_it():
     with pytest.raises(ValueError, match="README.md: no region '<!-- generated: modes -->'"):
         generate.generated("README.md", "# no tables here\n")
+
+
+def test_the_readmes_commands_are_the_parsers_every_subcommand_with_its_required_arguments():
+    # Before: a hand-written table, without `igrpo stack` (added to the parser later). Now written from it.
+    import argparse
+
+    from flows.cli import build_parser
+
+    table = generate.commands_table()
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert [row.split("`")[1].split()[1] for row in table.splitlines()[2:]] == list(sub.choices)
+    assert "| `igrpo stack up\\|status\\|down` |" in table  # a nested choice, its | escaped for the table
+    assert "| `igrpo collect CONFIG --policy P --round R --run-dir D` | sample a policy, label its samples |" in table
+    assert "| `igrpo compare RUN...` |" in table
+    assert "<!-- generated: commands -->\n" + table in (generate.ROOT / "README.md").read_text()

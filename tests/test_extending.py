@@ -174,7 +174,8 @@ def test_the_registrations_reach_the_config(registered):
     with pytest.raises(ConfigError, match="supervision.process_reward_model: 'orm' scores whole solutions"):
         config_from_dict({"supervision": {"mode": "centred_hybrid", "process_reward_model": "orm"},
                           "reward_model": {"kinds": ["orm"]}}, check_trl=False)
-    with pytest.raises(ConfigError, match="unknown supervision mode 'centred'; known: outcome, process, hybrid, rft"):
+    with pytest.raises(ConfigError,
+                       match="unknown supervision mode 'centred'; known: outcome, process, hybrid, rft, passk"):
         config_from_dict({"supervision": {"mode": "centred"}}, check_trl=False)
 
 

@@ -290,3 +290,34 @@ def test_reward_model_phase_under_accelerate_logs_each_trainer_into_its_run(tmp_
     for kind in ("prm", "tiny_orm"):
         run = mlflow.MlflowClient().get_run(manifest.mlflow_run(f"round-001/reward_model/{kind}"))
         assert "train_loss" in run.data.metrics, kind  # Trainer's metrics in the trainer's own run
+
+
+@pytest.mark.slow
+def test_a_launcher_registered_from_a_test_file_runs_the_phase(tmp_path, mlflow_tmp, mini_models, registries):
+    """`launcher.kind` is a table (pipeline/launchers.py): a launcher registered here alone, which starts the phase's
+    one process as a call in this one (what a scheduler's launcher would hand to its job), is accepted by the config
+    and runs round 1's GRPO through `pipeline.rounds.launched`, its request and result files included."""
+    from pipeline.launchers import LAUNCHERS, Launcher
+    from pipeline.rounds import run_phase
+
+    started = []
+
+    def inline(cfg, phase, work_dir, env, entry):
+        started.append((phase, Path(work_dir).name, set(env)))
+        entry([str(work_dir)])
+        return "this process"
+
+    LAUNCHERS.register("inline", description="the phase's one process, as a call", summary=lambda launcher: "inline",
+                       ignores=("config_file", "extra_args", "ray_address"), start=lambda: inline)
+    cfg = config_from_dict(mini_config(tmp_path, launcher={"kind": "inline"}, grpo={"max_steps": 1},
+                                       reward_model={"kinds": ["prm"]}, tracking={"tracking_uri": mlflow_tmp}))
+    from pipeline.rounds import open_run
+
+    manifest = open_run(cfg)
+    manifest.record(0, "policy", {"path": str(mini_models / "policy"), "metrics": {}})
+    out = run_phase(cfg, 1, "policy", policy=str(mini_models / "policy"),
+                    reward_models={"prm": str(mini_models / "prm")})
+    assert started == [("policy", ".launch-policy", {"MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"})]
+    assert (Path(out.path) / "config.json").exists() and out.metrics["policy/steps"] == 1.0
+    with pytest.raises(ConfigError, match=r"launcher\.kind: unknown launcher 'inlined'; known: .*inline"):
+        config_from_dict(mini_config(tmp_path, launcher={"kind": "inlined"}))

@@ -17,7 +17,8 @@ from pipeline.config import ConfigError
 from pipeline.generation import Continuation
 from pipeline.loading import config_from_dict
 from pipeline.online_mc import McStepScorer
-from pipeline.policy import mc_seed, value_source
+from pipeline.grpo_trainer import mc_seed
+from pipeline.policy import value_source
 from pipeline.problems import EmbeddedArithmetic, Problem
 from pipeline.problems.arithmetic import format_prompt, format_solution
 from pipeline.rewards import reward_models_needed
@@ -148,7 +149,7 @@ class Spy:
     flag and CPU RNG state before and after), the real methods doing the work."""
 
     def __init__(self, monkeypatch):
-        from pipeline.policy import ProcessGRPOTrainer
+        from pipeline.grpo_trainer import ProcessGRPOTrainer
 
         self.values, self.rollouts = [], []
         values, rollouts = McStepScorer.step_values, ProcessGRPOTrainer._rollouts

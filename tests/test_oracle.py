@@ -12,7 +12,7 @@ import pytest
 from pipeline.advantages import extend_last_step, process_advantages
 from pipeline.config import ConfigError
 from pipeline.loading import config_from_dict
-from pipeline.policy import completion_steps
+from pipeline.grpo_trainer import completion_steps
 from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem
 from pipeline.problems.arithmetic import format_prompt, format_solution
 from pipeline.rewards import reward_models_needed

@@ -201,6 +201,69 @@ def test_rft_logs_the_advantages_it_used(tmp_path):
     assert run["table"] == adv.tolist()  # TRL's completions table: the 0/1 used, not group-normalised
 
 
+# --- passk: PKPO's pass@k rewards, then outcome mode's baseline (issue 59) ------------------------------------
+
+
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_passk_at_k_1_trains_on_outcome_modes_advantages_and_larger_k_reweighs_each_group(tmp_path, scale):
+    """The same designed completions through the real trainer in outcome mode and in passk mode: at k = 1 the loss
+    sees exactly TRL's own advantages; at k = 2 each group's are w(c) = k C(n-1-c, k-1) / C(n-1, k-1) times them."""
+    from pipeline.config import SupervisionConfig
+
+    tok = tokenizer_of("char")
+    rows = rollout_ids(tok)
+    policy = policy_and_prm(tok, tmp_path) / "policy"
+    outcome = run_grpo(tok, policy, tmp_path / "outcome", rows, "outcome", scale=scale)
+    runs = {k: run_grpo(tok, policy, tmp_path / f"k{k}", rows, SupervisionConfig(mode="passk", passk={"k": k}),
+                        scale=scale) for k in (1, 2)}
+    assert torch.equal(runs[1]["advantages"], outcome["advantages"])
+    # Verifier rewards [1, 0, 0, 0] and [1, 1, 1, 0] (the cut row is scored, then masked): group A, c = 1 of 4, gets
+    # w = 2 * C(2, 1) / C(3, 1) = 4/3; group B, c = 3, w = 2 * C(0, 1) / C(3, 1) = 0, since any pair holding its
+    # wrong sample passes through the other. The advantages are w(c) times outcome mode's.
+    want = [4 / 3 * a for a in outcome["advantages"][:4].tolist()] + [0.0] * 4
+    assert runs[2]["advantages"].tolist() == pytest.approx(want, abs=1e-6)
+    logged = next(h for h in runs[2]["logs"] if "passk/k" in h)
+    # pass@2 of group A: 1 - C(3, 2) / C(4, 2) = 0.5; of group B: 1 - C(1, 2) / C(4, 2) = 1; beside TRL's reward.
+    assert (logged["passk/k"], logged["passk/reward"]) == (2.0, pytest.approx(0.75))
+    assert logged["reward"] == pytest.approx(4 / 8)
+
+
+def test_passk_schedule_over_steps_is_logged_to_mlflow_every_step_beside_trls_reward(tmp_path, mlflow_tmp,
+                                                                                     tiny_policy_dir):
+    """A real tiny GRPO run of 3 steps annealing k over [3, 2, 1]: MLflow's phase run holds passk/k 3, 2, 1 and
+    passk/reward at every step, beside TRL's reward; at k = 1 the pass@k reward is TRL's reward (pass@1)."""
+    import mlflow
+    from datasets import Dataset
+
+    from models import char_tokenizer
+    from pipeline.loading import config_from_dict
+    from pipeline.passthrough import grpo_config
+    from pipeline.grpo_trainer import ProcessGRPOTrainer
+    from tests.helpers import mini_config
+
+    tok = char_tokenizer()
+    cfg = config_from_dict(mini_config(tmp_path, supervision={"mode": "passk", "passk": {"schedule": [3, 2, 1]}},
+                                       grpo={"max_steps": 3, "per_device_train_batch_size": 4, "num_generations": 4,
+                                             "max_completion_length": 6, "logging_steps": 1}))
+
+    def verifier(completions, **kwargs):  # one right sample a group: pass@k = k/4
+        return [float(i % 4 == 0) for i in range(len(completions))]
+
+    trainer = ProcessGRPOTrainer(
+        model=str(tiny_policy_dir), reward_funcs=[verifier], processing_class=tok,
+        args=grpo_config(cfg, str(tmp_path / "scratch"), reward_weights=[1.0], report_to="mlflow"),
+        train_dataset=Dataset.from_list([{"prompt": "7 +5\n"}] * 12), supervision=cfg.supervision,
+    )
+    with mlflow.start_run() as run:
+        trainer.train()
+    client = mlflow.MlflowClient()
+    history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+               for key in ("passk/k", "passk/reward", "reward")}
+    assert history["passk/k"] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    assert history["passk/reward"] == [(s, pytest.approx(k / 4)) for s, k in ((1, 3), (2, 2), (3, 1))]
+    assert history["reward"] == [(s, pytest.approx(0.25)) for s in (1, 2, 3)]
+
+
 # --- hybrid: TRL's outcome advantage + w x the process advantage (issue 16, point 1) ----------------------
 
 
@@ -375,7 +438,7 @@ def test_hybrid_at_weight_zero_is_outcome_mode(hybrid_runs):
 
 
 def test_hybrid_needs_a_prm(tmp_path):
-    from pipeline.policy import ProcessGRPOTrainer
+    from pipeline.grpo_trainer import ProcessGRPOTrainer
 
     with pytest.raises(ValueError, match="hybrid supervision needs a PRM"):
         ProcessGRPOTrainer(model="unused", supervision="hybrid")

@@ -19,7 +19,8 @@ from models.factories import load_tokenizer
 from models.tokenizer import DEFAULT_ALPHABET
 from pipeline.loading import config_from_dict
 from pipeline.passthrough import grpo_config
-from pipeline.policy import ProcessGRPOTrainer, prompt_texts, round_prompts
+from pipeline.grpo_trainer import ProcessGRPOTrainer, prompt_texts
+from pipeline.policy import round_prompts
 from pipeline.problems import GSM8K, EmbeddedArithmetic, Problem
 from pipeline.problems.gsm8k import problem_from_row
 from pipeline.prompts import PromptRenderer, renderer_from_config

@@ -10,17 +10,20 @@ import ast
 
 import pytest
 
-from pipeline import modes, phases, problems, rewards, rm_kinds
+from pipeline import launchers, modes, phases, problems, rewards, rm_kinds, step_rewards
 from pipeline.registry import PluginError, Registry, load_plugins
 from tests.helpers import ROOT, plugin_distribution
 
 TABLES = {  # what an entry is called -> (the registry, its built-in names in order)
-    "supervision mode": (modes.MODES, "outcome, process, hybrid, rft"),
+    "supervision mode": (modes.MODES, "outcome, process, hybrid, rft, passk"),
     "reward function": (rewards.REWARD_FUNCS, "verifier, orm"),
     "reward model kind": (rm_kinds.RM_KINDS, "prm, orm, implicit"),
     "PRM head": (rm_kinds.PRM_HEADS, "value, label_tokens, classification"),
     "problem set kind": (problems.PROBLEM_SETS, "arithmetic, gsm8k, dataset"),
     "phase": (phases.PHASES, "policy, collect, reward_model, eval"),
+    "process reward": (step_rewards.PROCESS_REWARDS, "value, progress, prime"),
+    "oracle": (step_rewards.ORACLES, "gold, mc"),
+    "launcher": (launchers.LAUNCHERS, "local, accelerate, ray"),
 }
 
 
@@ -110,26 +113,93 @@ def test_each_process_entry_loads_the_plugins_first(path):
     assert ast.unparse(first.func) == "load_plugins", f"{path}:{func.name} calls {ast.unparse(first)} first"
 
 
-def test_the_registration_functions_of_before_still_register_for_one_release(registries):
-    # A user's module written against the register_* functions keeps working, with a warning naming the new call.
-    import dataclasses
+def test_the_registration_functions_of_before_are_gone():
+    # No release shipped the register_* functions of before the Registry type: each table's `register` is the one way.
+    from pipeline import modes, phases, problems, registry, rewards, rm_kinds
 
-    from pipeline import modes, phases, problems, rewards, rm_kinds
+    assert not hasattr(registry, "deprecated")
+    for module, old in [(rewards, "register_reward"), (rm_kinds, "register_rm_kind"), (modes, "register_mode"),
+                        (problems, "register_problem_set"), (phases, "register_phase")]:
+        assert not hasattr(module, old), f"{module.__name__}.{old}"
 
-    old = [(modes.register_mode, modes.MODES, "outcome"), (rewards.register_reward, rewards.REWARD_FUNCS, "verifier"),
-           (rm_kinds.register_rm_kind, rm_kinds.RM_KINDS, "orm")]
-    for register, table, model in old:
-        with pytest.warns(DeprecationWarning, match=r"is deprecated .* write .*\.register\('copy', field=value"):
-            register("copy", table[model])
-        assert table["copy"] == table[model]
-    ps = dataclasses.replace(problems.PROBLEM_SETS["arithmetic"], kind="copy")
-    with pytest.warns(DeprecationWarning, match=r"register_problem_set is deprecated"):
-        problems.register_problem_set(ps)
-    assert problems.PROBLEM_SETS["copy"] == ps
-    phase = dataclasses.replace(phases.PHASES["eval"], name="copy")
-    with pytest.warns(DeprecationWarning, match=r"register_phase is deprecated"):
-        phases.register_phase(phase, after="collect")
-    assert list(phases.PHASES)[2] == "copy"
-    with pytest.warns(DeprecationWarning, match=r"register_phase is deprecated"):  # `after` given by position too
-        phases.register_phase(dataclasses.replace(phase, name="copy2"), "collect")
-    assert list(phases.PHASES)[2] == "copy2"
+
+# --- a registration reaches every reader of the config's classes -------------------------------------------
+
+
+def test_a_kind_registered_from_a_test_file_reaches_every_module_that_imported_the_config_classes(registries):
+    # Before: the config's classes were made again on each registration and rebound in pipeline.config only, so a
+    # module that had imported RewardModelConfig (pipeline.reward_model, pipeline.rm_kinds.loading) kept the class
+    # of before the plugin loaded, without its section: `evaluate_reward_model`'s default refused the kind's keys.
+    import sys
+
+    from pydantic import Field
+
+    import pipeline.reward_model  # noqa: F401  the readers, imported before the registration
+    import pipeline.rm_kinds.loading  # noqa: F401
+    from pipeline import config
+    from pipeline.rm_kinds.sections import KindSection
+
+    class WidthSection(KindSection):
+        width: int = Field(3, description="A setting of the test's kind.")
+
+    rm_kinds.RM_KINDS.register("wide", head="AutoModelForSequenceClassification", scores_steps=False,
+                               mc_labels=False, implementation=lambda: rm_kinds.rm_kind("orm"), config=WidthSection)
+    problems.PROBLEM_SETS.register("copied", **{k: getattr(problems.PROBLEM_SETS["arithmetic"], k)
+                                                for k in ("config", "build", "description", "problem_set")})
+    readers = {(name, cls): getattr(module, cls) for name, module in list(sys.modules.items())
+               if name.split(".")[0] in ("pipeline", "flows", "models")
+               for cls in ("PipelineConfig", "RewardModelConfig", "ProblemsConfig") if hasattr(module, cls)}
+    assert {("pipeline.reward_model", "RewardModelConfig"), ("pipeline.rm_kinds.loading", "RewardModelConfig")} <= set(
+        readers)
+    assert [where for where, cls in readers.items() if cls is not getattr(config, where[1])] == []  # one class each
+    assert pipeline.reward_model.RewardModelConfig(wide={"width": 5}).wide.width == 5
+    assert pipeline.rm_kinds.loading.RewardModelConfig().wide.width == 3
+    assert pipeline.reward_model.PipelineConfig(problems={"kind": "copied"}).problems.copied is not None
+    # Undone (the fixture takes the entries out): the section goes with it, from every reader alike.
+    rm_kinds.RM_KINDS.pop("wide")
+    config._extension_registered()
+    with pytest.raises(Exception, match="wide"):
+        pipeline.rm_kinds.loading.RewardModelConfig(wide={"width": 5})
+
+
+# --- the config's choices are the tables' names -------------------------------------------------------------
+
+CHOICES = {"supervision.process_reward": "process reward", "reward_model.oracle": "oracle", "launcher.kind": "launcher"}
+
+
+@pytest.mark.parametrize("field", CHOICES)
+def test_a_choice_of_the_config_is_its_tables_name_with_the_registrys_one_error(field, monkeypatch):
+    # Before: Literal fields, whose error was pydantic's "Input should be 'value', 'progress' or 'prime'", and an
+    # if-chain over the names in the trainer, so a plugin could add none.
+    from pipeline.config import ConfigError
+    from pipeline.loading import config_from_dict
+
+    table, known = TABLES[CHOICES[field]]
+    section, name = field.split(".")
+    with pytest.raises(ConfigError, match=f"^{field}: unknown {CHOICES[field]} 'x'; known: {known}$"):
+        config_from_dict({section: {name: "x"}}, check_trl=False)
+    monkeypatch.setitem(table, "x", next(iter(table.values())))  # an entry added (as a plugin would): now a choice
+    data = {"supervision": {"mode": "process", **({name: "x"} if section == "supervision" else {})}}
+    cfg = config_from_dict({**data, section: {**data.get(section, {}), name: "x"}}, check_trl=False)
+    assert getattr(getattr(cfg, section), name) == "x"
+
+
+def test_a_process_reward_registered_from_a_test_file_makes_the_trainers_step_advantages(monkeypatch):
+    # The trainer reads the entry, not a name: `ProcessGRPOTrainer._step_advantages` hands the gathered step scores to
+    # its `advantages`, and logs its figures under process/.
+    import torch
+
+    from pipeline.step_rewards import PROCESS_REWARDS, ProcessInputs
+
+    def halved(x: ProcessInputs):
+        adv, figures = PROCESS_REWARDS["value"].advantages(x)
+        return adv / 2, {"halved": 1.0, **figures}
+
+    monkeypatch.setitem(PROCESS_REWARDS, "halved", step_rewards.ProcessReward(description="half", advantages=halved))
+    from pipeline.config import SupervisionConfig
+
+    s = SupervisionConfig(mode="process", process_reward="halved")
+    x = ProcessInputs([[1.0], [0.0]], [[1], [1]], None, torch.tensor([1.0, 0.0]), [2, 2], 2, 2, "group", s)
+    full, _ = PROCESS_REWARDS["value"].advantages(x)
+    adv, figures = PROCESS_REWARDS[s.process_reward].advantages(x)
+    assert torch.equal(adv, full / 2) and figures == {"halved": 1.0}

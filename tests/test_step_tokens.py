@@ -15,8 +15,8 @@ import torch
 
 from models import char_tokenizer
 from pipeline.advantages import process_advantages
-from pipeline.collect import make_request
-from pipeline.policy import completion_steps
+from pipeline.mc_labels import make_request
+from pipeline.grpo_trainer import completion_steps
 from pipeline.rm_kinds.prm import prm_examples
 from pipeline.scorers import PrmScorer
 from pipeline.steps import scored_step_ends, token_spans

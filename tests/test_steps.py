@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from models import char_tokenizer
-from pipeline.policy import completion_steps, dedupe_steps
+from pipeline.grpo_trainer import completion_steps, dedupe_steps
 from pipeline.steps import (
     char_to_token_ends,
     scored_step_ends,

@@ -15,7 +15,8 @@ from pipeline.advantages import outcome_advantages, rft_advantages
 from pipeline.config import ConfigError
 from pipeline.loading import config_from_dict
 from pipeline.passthrough import grpo_config
-from pipeline.policy import ProcessGRPOTrainer, build_reward_funcs
+from pipeline.grpo_trainer import ProcessGRPOTrainer
+from pipeline.policy import build_reward_funcs
 from pipeline.problems import problem_set_from_config
 from tests.helpers import mini_config
 
@@ -183,7 +184,7 @@ def test_every_mode_logs_the_mean_of_its_advantages_and_its_share_of_their_rms(t
     from datasets import Dataset
 
     from models import char_tokenizer
-    from pipeline.policy import ProcessGRPOTrainer
+    from pipeline.grpo_trainer import ProcessGRPOTrainer
 
     cfg = config_from_dict(mini_config(tmp_path, grpo={"max_steps": 1, "per_device_train_batch_size": 4,
                                                         "num_generations": 4, "max_completion_length": 6},

@@ -16,15 +16,13 @@ from pipeline.problems.arithmetic import EmbeddedArithmetic
 from pipeline.problems.base import Problem, ProblemSet, ProblemSetConfig, ProblemSetKind
 from pipeline.problems.dataset import DatasetProblems
 from pipeline.problems.gsm8k import GSM8K
-from pipeline.registry import Registry, deprecated
+from pipeline.registry import Registry
 
 # `on_register`: the config adds a registered set's `problems.<kind>` section (`pipeline.config`).
 PROBLEM_SETS: Registry[ProblemSetKind] = Registry(
     "problem set kind", ProblemSetKind, {p.kind: p for p in (arithmetic.PROBLEM_SET, gsm8k.PROBLEM_SET,
                                                               dataset.PROBLEM_SET)}, name_field="kind")
 KNOWN_KINDS = tuple(PROBLEM_SETS)  # the built-in ones
-# The registration of before the Registry type, until the next release.
-register_problem_set = deprecated(PROBLEM_SETS, "register_problem_set", "pipeline.problems.PROBLEM_SETS.register")
 
 __all__ = [
     "GSM8K", "KNOWN_KINDS", "DatasetProblems", "PROBLEM_SETS", "EmbeddedArithmetic", "Problem", "ProblemSet", "ProblemSetConfig",

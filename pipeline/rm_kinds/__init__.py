@@ -21,7 +21,6 @@ from typing import Any
 
 from pipeline.modes import step_reward_modes, supervision_mode
 from pipeline.problems import PROBLEM_SETS
-from pipeline.registry import deprecated
 from pipeline.rm_kinds.base import (
     PRM_HEADS,
     RM_KINDS,
@@ -39,14 +38,12 @@ from pipeline.rm_kinds.base import (
     step_kinds,
 )
 from pipeline.rm_kinds.sections import ImplicitSection, OrmSection, check_implicit, check_orm
+from pipeline.step_rewards import ORACLES, PROCESS_REWARDS
 
 __all__ = [
     "PRM_HEADS", "RM_KINDS", "PrmHead", "PrmLayout", "RMKindEntry", "RewardModelKind", "check_kinds", "check_layout",
-    "head_math", "layout_kinds", "layout_of", "mc_label_kinds", "move_flat_keys", "prm_head", "rm_entry", "rm_kind",
-    "register_rm_kind", "step_kinds",
+    "head_math", "layout_kinds", "layout_of", "mc_label_kinds", "prm_head", "rm_entry", "rm_kind", "step_kinds",
 ]
-# The registration of before the Registry type, until the next release.
-register_rm_kind = deprecated(RM_KINDS, "register_rm_kind", "pipeline.rm_kinds.RM_KINDS.register")
 
 
 # The built-in implementations, each imported on first use (they import torch; the tables must not). The imports
@@ -91,7 +88,7 @@ RM_KINDS.update({
         training="`orm.loss: bce` (default) on the verifier's 0/1 outcomes, or `pairwise`: Bradley-Terry with TRL's "
                  "`RewardTrainer` on (correct, incorrect) pairs of one prompt",
         use="an `orm` reward in outcome or hybrid mode; best-of-N and the vote",
-        mc_labels=False, config=OrmSection, moved={"orm_loss": "loss"}, check=check_orm),
+        mc_labels=False, config=OrmSection, check=check_orm),
     "implicit": RMKindEntry(
         head="AutoModelForCausalLM", scores_steps=True, implementation=_implicit,
         description="every step: sigmoid of `implicit.beta` times the summed log-ratio of a causal LM to its frozen "
@@ -99,8 +96,7 @@ RM_KINDS.update({
         training="BCE of sigmoid(beta log pi/pi_ref) on the verifier's outcomes: no step labels, no MC rollouts",
         use="process or hybrid mode without Monte-Carlo labelling; PRIME's credit; scoring costs two LM forwards "
             "([docs](docs/reward-models.md#the-implicit-prm))",
-        mc_labels=False, config=ImplicitSection, moved={"implicit_beta": "beta", "implicit_online_lr": "online_lr"},
-        check=check_implicit),
+        mc_labels=False, config=ImplicitSection, check=check_implicit),
 })
 
 PRM_HEADS.update({
@@ -183,21 +179,25 @@ def _check_unused_sections(cfg: Any) -> None:
 def _check_oracle(cfg: Any) -> None:
     """`reward_model.oracle` stands in for the step scorer: a mode with step rewards, and for gold, a problem set with
     gold step labels; `mc_rollouts` only with the MC oracle."""
-    oracle, mode = cfg.reward_model.oracle, cfg.supervision.mode
-    default_k = type(cfg.reward_model).model_fields["mc_rollouts"].default
-    if oracle != "mc" and cfg.reward_model.mc_rollouts != default_k:
-        raise ValueError(f"reward_model.mc_rollouts: {cfg.reward_model.mc_rollouts} is read only with "
-                         f"reward_model.oracle: mc (it is {oracle!r}): set the oracle to mc, or drop mc_rollouts")
+    oracle, mode, rm = cfg.reward_model.oracle, cfg.supervision.mode, cfg.reward_model
+    fields = type(rm).model_fields
+    for name, entry in ORACLES.items():  # an oracle's own fields, set under another
+        for field in entry.reads:
+            if name != oracle and getattr(rm, field) != fields[field].default:
+                raise ValueError(f"reward_model.{field}: {getattr(rm, field)} is read only with reward_model.oracle: "
+                                 f"{name} (it is {oracle!r}): set the oracle to {name}, or drop {field}")
     if oracle is None:
         return
-    if cfg.supervision.process_reward == "prime":
-        raise ValueError(f"reward_model.oracle: {oracle!r} gives step values, and process_reward: prime needs the "
-                         "implicit PRM's token rewards: drop the oracle, or use process_reward: progress")
+    reward = cfg.supervision.process_reward
+    if PROCESS_REWARDS[reward].token_rewards:
+        steps = [n for n, e in PROCESS_REWARDS.items() if not e.token_rewards]
+        raise ValueError(f"reward_model.oracle: {oracle!r} gives step values, and process_reward: {reward} needs the "
+                         f"implicit PRM's token rewards: drop the oracle, or use process_reward: {' or '.join(steps)}")
     if not supervision_mode(mode).step_rewards:
         raise ValueError(f"reward_model.oracle: {oracle!r} replaces the PRM's step rewards, which only supervision."
                          f"mode {' or '.join(map(repr, step_reward_modes()))} uses, not {mode!r}; "
                          "drop reward_model.oracle or change the mode")
-    if oracle == "mc":  # the verifier judges the rollouts: every problem set has one
+    if not ORACLES[oracle].gold_labels:  # mc: the verifier judges the rollouts, and every problem set has one
         return
     with_gold = [kind for kind, p in PROBLEM_SETS.items() if p.problem_set.has_gold_step_labels]
     if cfg.problems.kind not in with_gold:
@@ -205,22 +205,3 @@ def _check_oracle(cfg: Any) -> None:
                          f"{cfg.problems.kind!r} does not have (kinds with them: {', '.join(with_gold)}); "
                          "drop reward_model.oracle")
 
-
-def move_flat_keys(data: dict) -> tuple[dict, list[tuple[str, str]]]:
-    """`reward_model:` data with each kind's older flat keys (`implicit_beta`) moved into its section
-    (`implicit: {beta: ...}`), and the (old, new) dotted keys moved. Both given is a ValueError.
-
-    >>> move_flat_keys({"kinds": ["orm"], "orm_loss": "pairwise"})
-    ({'kinds': ['orm'], 'orm': {'loss': 'pairwise'}}, [('reward_model.orm_loss', 'reward_model.orm.loss')])
-    """
-    data, moved = dict(data), []
-    for kind, entry in RM_KINDS.items():
-        for old, new in entry.moved.items():
-            section = data.get(kind) or {}
-            if old not in data or not isinstance(section, dict):  # a section that is no mapping: its own error
-                continue
-            if new in section:
-                raise ValueError(f"give reward_model.{kind}.{new} or the older reward_model.{old}, not both")
-            data[kind] = {**section, new: data.pop(old)}
-            moved.append((f"reward_model.{old}", f"reward_model.{kind}.{new}"))
-    return data, moved

@@ -6,8 +6,8 @@ the modules that read them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.registry import Registry, resolve
@@ -73,8 +73,6 @@ class RMKindEntry:
         layouts: its model takes a PRM head layout (`reward_model.head`, `step_tag`, `label_tokens`, `init`;
             `PRM_HEADS`), recorded in its checkpoint.
         config: its own config section, `reward_model.<kind>` (a `KindSection`); None: none.
-        moved: its section's fields that were flat `reward_model.*` keys before: old key -> field. The old key is
-            still read, with a deprecation warning naming the new one.
         check: (the whole `PipelineConfig`) -> None, raising ValueError that names the field and says the fix;
             run at load while the kind is in `reward_model.kinds`.
     """
@@ -88,7 +86,6 @@ class RMKindEntry:
     mc_labels: bool = True
     layouts: bool = False
     config: type[KindSection] | None = None
-    moved: Mapping[str, str] = field(default_factory=dict)
     check: Callable[[Any], None] | None = None
 
 

@@ -1,21 +1,17 @@
 """The `reward_model:` section: the fields every RM kind reads (the kinds' own sections, `reward_model.<kind>`, are
-declared by the kinds: `pipeline/rm_kinds/sections.py`), the PRM layout's check, and the kinds' older flat keys
-(`implicit_beta`), still read for one release.
+declared by the kinds: `pipeline/rm_kinds/sections.py`) and the PRM layout's check.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from pipeline.rm_kinds import RM_KINDS, check_layout, move_flat_keys, prm_head
+from pipeline.rm_kinds import RM_KINDS, check_layout, prm_head
 from pipeline.sections import LoraSection, Section
-
-log = logging.getLogger(__name__)
-_WARNED: set[str] = set()  # the deprecated keys warned of in this process
+from pipeline.step_rewards import ORACLES
 
 
 class ExploitSection(Section):
@@ -80,8 +76,8 @@ class RewardModelSection(Section):
         "checkpoint directory or a hub id, in the layout of `head` (or the one its igrpo.json records, which must be "
         "the same); later rounds train it further (warm_start), and where it would start afresh it starts from "
         "this. None: a new head."))
-    oracle: Literal["gold", "mc"] | None = Field(None, description=(
-        "gold: GRPO's step rewards are the problem set's exact gold step labels (0/1) instead of the trained "
+    oracle: str | None = Field(None, description=(
+        "(pipeline.step_rewards ORACLES) gold: GRPO's step rewards are the problem set's exact gold step labels (0/1) instead of the trained "
         "PRM's scores, the upper bound of a perfect PRM (the RMs are still trained and evaluated each round); "
         "only where the set has gold step labels (the embedded one). mc: online Monte-Carlo values (VinePPO): "
         "each step's value is the share of mc_rollouts completions from its prefix, sampled by the policy being "
@@ -95,6 +91,13 @@ class RewardModelSection(Section):
     def _known_kinds(cls, v: list[str]) -> list[str]:
         for kind in v:
             RM_KINDS[kind]  # an unknown one: the registry's error, listing the known ones
+        return v
+
+    @field_validator("oracle")
+    @classmethod
+    def _known_oracle(cls, v: str | None) -> str | None:
+        if v is not None:
+            ORACLES[v]  # an unknown one: the registry's error, listing the known ones
         return v
 
     @field_validator("model")
@@ -117,20 +120,6 @@ class RewardModelSection(Section):
         if v == "tiny":
             raise ValueError("'tiny' is an untrained model, not a PRM; give a PRM's checkpoint directory or hub id")
         return v
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_keys(cls, data: Any, info: ValidationInfo) -> Any:
-        # A kind's flat keys of before its section (`implicit_beta`) still load, for one release: YAML files with a
-        # warning naming the new key, a run directory's stored config quietly (`context={"stored": True}`).
-        if not isinstance(data, dict):
-            return data
-        data, moved = move_flat_keys(data)
-        for old, new in moved:
-            if not (info.context or {}).get("stored") and old not in _WARNED:
-                _WARNED.add(old)
-                log.warning("%s is deprecated and will be removed in the next release: write %s", old, new)
-        return data
 
     @model_validator(mode="after")
     def _layout_fits(self):

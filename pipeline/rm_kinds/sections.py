@@ -1,8 +1,7 @@
 """The built-in RM kinds' own config sections (`reward_model.orm.*`, `reward_model.implicit.*`) and the checks of
 the whole config that only they need: torch-free, so the config validates without importing a kind's code.
 
-A kind's `RMKindEntry` names its section (`config`), the flat `reward_model.*` keys it had before (`moved`) and its
-check (`check`: the whole `PipelineConfig` -> None, raising ValueError that names the field and says the fix), run
+A kind's `RMKindEntry` names its section (`config`) and its check (`check`: the whole `PipelineConfig` -> None, raising ValueError that names the field and says the fix), run
 while the kind is in `reward_model.kinds`.
 """
 
@@ -14,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from pipeline.launchers import LAUNCHERS
 from pipeline.modes import supervision_mode
 from pipeline.sections import Section
 
@@ -54,7 +54,7 @@ def check_implicit(cfg) -> None:
             raise ValueError("reward_model.implicit.online_lr updates the implicit PRM that gives GRPO its step "
                              "rewards: it needs a mode with step rewards and supervision.process_reward_model: "
                              "implicit (no oracle); drop it otherwise")
-        if cfg.launcher.kind != "local":
+        if not LAUNCHERS[cfg.launcher.kind].in_process:
             raise ValueError("reward_model.implicit.online_lr: the online update runs in one process (each process "
                              "would update its own copy); use launcher.kind: local, or drop it")
     # A causal LM starts from the backbone as it is, head included: one that is not a language model (a reward
