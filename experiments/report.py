@@ -17,6 +17,7 @@ needs no `runs/` and takes seconds:
 from __future__ import annotations
 
 import collections
+import math
 import re
 import statistics
 from pathlib import Path
@@ -29,8 +30,16 @@ from pipeline.rundir import read_json
 SUPERVISION_ARMS = ("prm", "orm", "verifier", "rft")  # section 1
 RM_ARMS = ("prm", "frozen", "noreplay", "exploit")  # section 2
 SHARE = "policy/process_variance_share"
-# experiments/credit_study.py's section of results.md lies between these; a rebuild here keeps it (`keep_study`).
-BEGIN, END = "<!-- credit-study: begin -->", "<!-- credit-study: end -->"
+
+
+def study_markers(name: str) -> tuple[str, str]:
+    """The markers a study's own section of results.md lies between; a rebuild here keeps it (`keep_study`)."""
+    return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+
+
+# The studies whose sections results.md holds, in their order (experiments/credit_study.py's, passk_study.py's).
+STUDIES = ("credit-study", "passk-study")
+BEGIN, END = study_markers("credit-study")
 # A region the report writes (in docs/results.md, README.md's results): tests/test_results_generated.py remakes each.
 GENERATED = re.compile(r"<!-- generated: ([\w-]+) -->\n(.*?)<!-- end generated -->", re.S)
 GENERATED_END = "<!-- end generated -->"
@@ -91,6 +100,34 @@ def verdict(gaps: list[float]) -> str:
     if len(gaps) < MIN_SEEDS:
         return f"no verdict ({len(gaps)} seed{'' if len(gaps) == 1 else 's'})"
     return "pays" if pays(gaps) else "does not pay"
+
+
+def one_sided_p(z: float) -> float:
+    """P(Z >= z) for a standard normal Z: the one-sided p-value of a gap `z` SEs above 0 (many paired items).
+
+    >>> round(one_sided_p(2.0), 5)  # the 2 SE of the rules here, as a level: alpha = 0.02275
+    0.02275
+    """
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def holm(pvalues: list[float], alpha: float) -> list[bool]:
+    """Holm's step-down procedure (REFERENCE.md, "Deciding among several arms"): which of m one-sided tests pass
+    with the family's error held at `alpha`. Going up from the smallest p, the i-th (0-based) passes while
+    p <= alpha / (m - i); at the first failure it and every larger p fail. Ties keep their order; a NaN p sorts last
+    and fails.
+
+    >>> holm([0.004, 0.014, 0.016, 0.034, 0.12, 0.3], 0.05)  # REFERENCE's example: 0.014 > 0.05 / 5 stops it
+    [True, False, False, False, False, False]
+    >>> holm([0.02, 0.001], 0.05)  # 0.001 <= 0.025 passes, then 0.02 <= 0.05
+    [True, True]
+    """
+    passed, m = [False] * len(pvalues), len(pvalues)
+    for i, j in enumerate(sorted(range(m), key=lambda j: math.inf if math.isnan(pvalues[j]) else pvalues[j])):
+        if not pvalues[j] <= alpha / (m - i):
+            break
+        passed[j] = True
+    return passed
 
 
 def fmt_se(xs: list[float]) -> str:
@@ -565,18 +602,25 @@ def keep_verdicts(text: str, old: Path) -> str:
 
 
 def keep_study(text: str, old: Path) -> str:
-    """Put back experiments/credit_study.py's section (between its markers) that an earlier report had."""
-    if not old.exists() or BEGIN not in (before := old.read_text()):
-        return text
-    return with_study(text, BEGIN + before.partition(BEGIN)[2].partition(END)[0] + END)
+    """Put back each study's section (`STUDIES`, each between its markers) that an earlier report had."""
+    before = old.read_text() if old.exists() else ""
+    for name in STUDIES:
+        begin, end = study_markers(name)
+        if begin in before:
+            text = with_study(text, begin + before.partition(begin)[2].partition(end)[0] + end, name)
+    return text
 
 
-def with_study(text: str, block: str) -> str:
-    """`text` with the study's `block` in place of its own, or else before the first section (the older ones
-    after it, as history), or at the end of a text with none."""
-    if BEGIN in text:
-        head, _, rest = text.partition(BEGIN)
-        return head + block + rest.partition(END)[2]
+def with_study(text: str, block: str, name: str = "credit-study") -> str:
+    """`text` with the study `name`'s `block` in place of its own; else after the other studies' sections, or before
+    the first section (the older ones after it, as history), or at the end of a text with none."""
+    begin, end = study_markers(name)
+    if begin in text:
+        head, _, rest = text.partition(begin)
+        return head + block + rest.partition(end)[2]
+    ends = [text.index(e) + len(e) for other in STUDIES if other != name and (e := study_markers(other)[1]) in text]
+    if ends:
+        return text[:max(ends)] + "\n\n" + block + text[max(ends):]
     head, sep, rest = text.partition("\n## ")
     return head + "\n" + block + "\n" + sep + rest if sep else text + "\n" + block + "\n"
 
