@@ -6,6 +6,9 @@ with the next arm, so none always runs first on a drifting machine); a run's fig
 after `--warmup` steps. Prints each mode's ratio to bare TRL of the same repeat: the median over repeats and
 its spread (min-max). Goals (issue 49): b/a <= 1.02, c/a <= 1.05.
   Run: python -m bench.policy_phase [--repeats 3 --steps 24]          # ~4 min on an idle 2-core machine
+`--passk K` adds (d), ours in passk mode with k = K, and its ratio to outcome mode in the same repeat (issue 59:
+d/b <= 1.02; passk only transforms the verifier's rewards):
+  python -m bench.policy_phase --passk 4
 Another config (a real model, on a GPU when there is one) and TRL's vLLM generation beside HF generate:
   python -m bench.policy_phase --config configs/smollm2-gsm8k.yaml --set grpo.max_completion_length=128 --vllm
 The cost of checkpointing (resuming inside a phase): a whole GRPO phase of the config (its grpo.max_steps) in
@@ -28,6 +31,7 @@ from trl import GRPOTrainer
 from bench._common import CACHE, StepTimes, bootstrapped_policy, quickstart, spread
 from models import save_model
 from models.factories import load_tokenizer
+from pipeline.config import PasskConfig
 from pipeline.loading import load_config
 from pipeline.passthrough import grpo_config
 from pipeline.grpo_trainer import ProcessGRPOTrainer
@@ -47,6 +51,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each arm, interleaved (default 3)")
     ap.add_argument("--config", help="run config (default: configs/quickstart.yaml)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    ap.add_argument("--passk", type=int, metavar="K", help="also ours in passk mode with supervision.passk.k=K")
     ap.add_argument("--vllm", action="store_true", help="also bare TRL with grpo.use_vllm (colocate); needs vllm")
     ap.add_argument("--checkpoint-cost", action="store_true",
                     help="time a whole phase with and without checkpoints (--steps: default the config's max_steps)")
@@ -74,10 +79,14 @@ def main() -> None:
             trainer = GRPOTrainer(model=str(policy), reward_funcs=[verifier_reward(ps)], args=run_args,
                                   train_dataset=data, processing_class=tok, callbacks=[timer], peft_config=peft)
         else:
-            mode = "outcome" if kind == "outcome" else "process"
-            funcs, _ = build_reward_funcs(cfg.model_copy(update={"supervision": cfg.supervision.model_copy(update={"mode": mode})}), ps, {})
+            mode = kind if kind in ("outcome", "passk") else "process"
+            supervision = cfg.supervision.model_copy(update={"mode": mode})
+            if mode == "passk":
+                supervision = supervision.model_copy(update={"passk": PasskConfig(k=a.passk)})
+                mode = supervision
+            funcs, _ = build_reward_funcs(cfg.model_copy(update={"supervision": supervision}), ps, {})
             prm = None
-            if mode == "process":
+            if kind == "process":
                 from pipeline.rm_kinds.loading import load_reward_model
 
                 m, t, _ = load_reward_model(prm_path, expect="prm")
@@ -98,7 +107,7 @@ def main() -> None:
 
     if a.checkpoint_cost:
         return checkpoint_cost(cfg, a, run)
-    arms = ["bare", "outcome", "process"] + ["bare-vllm"] * a.vllm
+    arms = ["bare", "outcome", "process"] + ["passk"] * bool(a.passk) + ["bare-vllm"] * a.vllm
     times = {kind: [] for kind in arms}
     for r in range(a.repeats):
         for kind in arms[r % len(arms):] + arms[: r % len(arms)]:  # each repeat starts with the next arm
@@ -118,6 +127,10 @@ def report(times: dict[str, list[float]], a, args, cfg) -> None:
         ratios = [t / b for t, b in zip(times[kind], times["bare"])]
         step = statistics.median(times[kind]) * 1000
         print(f"{label}: {step:8.1f} ms/step   {name} = {spread(ratios)}  (goal {goal})")
+    if a.passk:
+        ratios = [t / b for t, b in zip(times["passk"], times["outcome"])]
+        print(f"(d) ours, passk mode (k = {a.passk})       : {statistics.median(times['passk']) * 1000:8.1f} ms/step   "
+              f"d/b = {spread(ratios)}  (goal <= 1.02: to outcome mode)")
     if a.vllm:
         ratios = [b / v for b, v in zip(times["bare"], times["bare-vllm"])]
         print(f"(d) bare TRL, vLLM colocate         : {statistics.median(times['bare-vllm']) * 1000:8.1f} ms/step   "

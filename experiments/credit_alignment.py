@@ -29,15 +29,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.advantages import (
-    BASELINES,
-    CREDITS,
-    SCALES,
-    extend_last_step,
-    loss_tokens,
-    outcome_advantages,
-    process_advantages,
-)
+from pipeline.advantages import SCALES, extend_last_step, loss_tokens, outcome_advantages, process_advantages
+from pipeline.credit import BASELINES, CREDITS
 from pipeline.generation import load_sampling_model, sample
 from pipeline.loading import config_from_dict
 from pipeline.passthrough import grpo_config

@@ -315,7 +315,8 @@ def _dequantized(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def load_policy(spec: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer from a spec (see the module docstring)."""
+    """Load a causal LM and its tokenizer from a spec (see the module docstring), its weights in `dtype` (float32
+    to train; bfloat16 to sample or score with, where `policy.dtype` or `reward_model.dtype` resolves to it)."""
     tokenizer = load_tokenizer(spec)
     model = _dequantized(_loaded(spec, "model", lambda path, gguf: AutoModelForCausalLM.from_pretrained(
         path, gguf_file=gguf, dtype=dtype)))
@@ -384,14 +385,15 @@ def checkpoint_record(path: str | os.PathLike) -> dict:
     return {}
 
 
-def load_checkpoint(path: str | os.PathLike, model_class: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_checkpoint(path: str | os.PathLike, model_class: str, dtype: torch.dtype = torch.float32,
+                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A saved checkpoint (a local path or a hub id) as `model_class` (a transformers auto class, by name), in
-    float32, and its tokenizer with a pad token and left padding."""
+    `dtype`, and its tokenizer with a pad token and left padding."""
     import transformers
 
     resolved, _ = resolve_spec(str(path))
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(resolved), str(path))
-    model = getattr(transformers, model_class).from_pretrained(resolved, dtype=torch.float32)
+    model = getattr(transformers, model_class).from_pretrained(resolved, dtype=dtype)
     return model, tokenizer
 
 

@@ -23,15 +23,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from pipeline.credit import BASELINES, CENTRINGS, CREDITS
+
 STD_EPS = 1e-4
 """Added to the std before dividing (TRL's constant), so equal rewards give 0, not NaN."""
 
 SCALES = ("group", "batch", "none")
-CREDITS = ("sum", "min", "step")
-"""How a token's process advantage gathers the normalised rewards of the steps ending at or after it."""
-BASELINES = ("group", "position")
-CENTRINGS = ("none", "group", "output")
-"""Which steps a step reward is normalised with: every step of its group, or the group's steps at its index."""
+"""TRL's `scale_rewards`, carried over to steps. The process choices (credit, baseline, centring) are the tables of
+`pipeline.credit`, whose tensor math is `pipeline.credit_math`."""
 
 
 def _in_loss(lengths: Sequence[int], width: int) -> Tensor:
@@ -165,18 +164,12 @@ def _normalised_steps(
     # Flatten every step of the batch into one vector; each step keeps its completion, group and end.
     counts = torch.tensor([len(r) for r in step_rewards], dtype=torch.long)  # (B,)
     completion = torch.repeat_interleave(torch.arange(batch_size), counts)  # (S,)
-    group = completion // group_size  # (S,)
     # float64 for the statistics: the sum of many rewards should not lose the 4th decimal.
     reward = torch.tensor([float(r) for rs in step_rewards for r in rs], dtype=torch.float64)  # (S,)
     end = torch.tensor([int(e) for es in step_ends for e in es], dtype=torch.long)  # (S,)
 
-    # The segment a step is normalised in: its group, or its group and its index in the completion.
-    num_segments = batch_size // group_size
-    segment = group  # (S,)
-    if baseline == "position":
-        width = int(counts.max()) if batch_size else 0
-        index = torch.arange(len(reward)) - (counts.cumsum(0) - counts)[completion]  # (S,) 0, 1, ... per completion
-        num_segments, segment = num_segments * width, group * width + index
+    # The segment a step is normalised in: its group, or its group and its index in the completion (the baseline).
+    segment, num_segments = BASELINES[baseline].segments(completion, counts, group_size)  # (S,), N
 
     # Per-segment mean and unbiased std (segment sums, no Python loop).
     n = torch.zeros(num_segments, dtype=torch.float64).index_add_(0, segment, torch.ones_like(reward))  # (N,)
@@ -249,9 +242,10 @@ def process_advantages(
         length: T, the padded completion length of the batch.
         group_size: G, completions per prompt; B must be a multiple of it.
         scale: "group" (default), "batch" or "none".
-        credit: "sum" (default, DeepSeekMath), "min" (PURE), or "step" (a token gets its own step's normalised
-            reward only).
-        baseline: "group" (default, DeepSeekMath: every step of the group) or "position".
+        credit: "sum" (default, DeepSeekMath), "min" (PURE), "step" (a token gets its own step's normalised
+            reward only), or another entry of `pipeline.credit.CREDITS`.
+        baseline: "group" (default, DeepSeekMath: every step of the group), "position", or another entry of
+            `pipeline.credit.BASELINES`.
 
     Returns:
         (B, T) float32 advantages, ready for TRL's `(B, T)` advantages hook.
@@ -263,10 +257,7 @@ def process_advantages(
     """
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    if credit not in CREDITS:
-        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
-    if baseline not in BASELINES:
-        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+    CREDITS[credit], BASELINES[baseline]  # an unknown one: the registry's error, listing the known ones
     _validate_process_inputs(step_rewards, step_ends, length, group_size)
     batch_size = len(step_rewards)
     completion, end, normalised = _normalised_steps(step_rewards, step_ends, group_size, scale, baseline)  # (S,) each
@@ -275,33 +266,10 @@ def process_advantages(
 
 
 def _credited(completion: Tensor, end: Tensor, value: Tensor, batch_size: int, length: int, credit: str) -> Tensor:
-    """(B, T) token advantages from step values, (S,) each with its completion and end token: each token gets the
-    sum (`credit` "sum"), the minimum ("min") of the values of the steps ending at or after it, or the value of
-    its own step, the first ending at or after it ("step"); 0 after the last step end."""
-    # Put each value at its step's last token; a reverse cumulative sum (min, fill) along T then gives each token
-    # the sum (min, nearest) over the steps ending at or after it. Ends are unique within a row: no accumulation.
-    if credit == "sum":
-        at_ends = torch.zeros(batch_size, length, dtype=torch.float64)  # (B, T)
-        at_ends[completion, end] = value
-        advantages = at_ends.flip(1).cumsum(1).flip(1)  # (B, T)
-    elif credit == "min":
-        # +inf elsewhere is neutral for a reverse cumulative min; what stays +inf has no step ahead: 0.
-        at_ends = torch.full((batch_size, length), math.inf, dtype=torch.float64)  # (B, T)
-        at_ends[completion, end] = value
-        advantages = at_ends.flip(1).cummin(1).values.flip(1)  # (B, T)
-        advantages = torch.where(torch.isinf(advantages), torch.zeros_like(advantages), advantages)
-    else:
-        # step: the index of the nearest step end at or after each token, by a cumulative max over the flipped row
-        # of the positions that hold an end (-1 elsewhere); -1 left means no step ahead: 0.
-        at_ends = torch.zeros(batch_size, length, dtype=torch.float64)  # (B, T)
-        at_ends[completion, end] = value
-        has = torch.zeros(batch_size, length, dtype=torch.bool)  # (B, T)
-        has[completion, end] = True
-        positions = torch.arange(length).expand(batch_size, -1)  # (B, T) in the flipped row's order
-        nearest = torch.where(has.flip(1), positions, torch.full_like(positions, -1)).cummax(1).values  # (B, T)
-        filled = at_ends.flip(1).gather(1, nearest.clamp(min=0))  # (B, T)
-        advantages = torch.where(nearest >= 0, filled, torch.zeros_like(filled)).flip(1)  # (B, T)
-    return advantages.to(torch.float32)  # (B, T)
+    """(B, T) float32 token advantages from step values, (S,) each with its completion and end token, by the credit's
+    entry (`pipeline.credit.CREDITS`): the sum ("sum"), the minimum ("min") of the values of the steps ending at or
+    after each token, or the value of its own step ("step"); 0 after the last step end."""
+    return CREDITS[credit].credited(completion, end, value, batch_size, length).to(torch.float32)  # (B, T)
 
 
 def leave_one_out_means(values: Sequence[float], group_size: int) -> list[float]:
@@ -403,8 +371,7 @@ def progress_advantages(
     Returns:
         (B, T) float32 advantages.
     """
-    if credit not in CREDITS:
-        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+    CREDITS[credit]  # an unknown one: the registry's error, listing the known ones
     if len(start_values) != len(step_values):
         raise ValueError(f"start_values has {len(start_values)} entries for {len(step_values)} completions")
     _validate_process_inputs(step_values, step_ends, length, 1)
@@ -570,23 +537,14 @@ def centred_advantages(advantages: Tensor, lengths: Sequence[int], group_size: i
         advantages: (B, T) per-token advantages.
         lengths: B token counts in the loss (0: masked out).
         group_size: G; B must be a multiple of it.
-        over: "group", "output" or "none".
+        over: "group", "output", "none", or another entry of `pipeline.credit.CENTRINGS`.
 
     Returns:
         (B, T) float32.
     """
-    if over not in CENTRINGS:
-        raise ValueError(f"centring must be one of {CENTRINGS}, got {over!r}")
+    centre = CENTRINGS[over].centre  # an unknown one: the registry's error, listing the known ones
     _check_group_size(advantages.shape[0], group_size)
-    if over == "none":
-        return advantages
-    adv = advantages.double()  # (B, T)
-    mask = _in_loss(lengths, adv.shape[1])  # (B, T)
-    size = 1 if over == "output" else group_size
-    sums = (adv * mask).view(-1, size, adv.shape[1]).sum(dim=(1, 2))  # (B / size,)
-    counts = mask.view(-1, size, adv.shape[1]).sum(dim=(1, 2)).clamp(min=1)  # (B / size,)
-    means = (sums / counts).repeat_interleave(size).unsqueeze(1)  # (B, 1)
-    return torch.where(mask, adv - means, torch.zeros_like(adv)).to(torch.float32)  # (B, T)
+    return centre(advantages, _in_loss(lengths, advantages.shape[1]), group_size)  # (B, T)
 
 
 def _check_hybrid_inputs(outcome: Tensor, process: Tensor, weight: float) -> None:

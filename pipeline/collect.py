@@ -27,9 +27,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.collect_choices import STRATEGIES
 from pipeline.config import PipelineConfig
 from pipeline.generation import Continuation
-from pipeline.mc_labels import Labels, agreement, imputed_share, label_exhaustive, label_first_error, make_request
+from pipeline.mc_labels import Labels, agreement, imputed_share, make_request
 from pipeline.problems import Problem, ProblemSet
 from pipeline.replay import ReplayBuffer, write_shard
 from pipeline.rundir import RunDir, read_json, write_json_atomic
@@ -78,7 +79,7 @@ def collect_part(problem_set: ProblemSet, c, sample, prove, problems: list[Probl
              for i, p in enumerate(problems) for j in range(c.samples_per_prompt)]
     # Label: verifier outcome, then MC step labels through one batched stream.
     reqs = [make_request(problem_set, p, tokenizer, ids, prompts[p.id]) for p, _, _, _, ids in items]
-    label = label_exhaustive if c.strategy == "exhaustive" else label_first_error
+    label = STRATEGIES[c.strategy].label
     if c.rollouts_per_step == 0:  # no MC labels: the RMs trained need none (config: `mc_label_kinds`)
         labels = [Labels([], []) for _ in reqs]
     else:
@@ -150,8 +151,9 @@ def run_collection_phase(
     claim(scratch, fingerprint(cfg, "collect", round_index, policy=str(policy_path), prover=str(prover)))
     parts = []
     with contextlib.ExitStack() as models:
-        sample = models.enter_context(open_sampler(str(policy_path), c))
-        prove = sample if str(prover) == str(policy_path) else models.enter_context(open_sampler(str(prover), c))
+        sample = models.enter_context(open_sampler(str(policy_path), c, dtype=cfg.policy.dtype))
+        prove = sample if str(prover) == str(policy_path) else models.enter_context(
+            open_sampler(str(prover), c, dtype=cfg.policy.dtype))
         for b, start in enumerate(range(0, len(problems), c.prompts_per_part)):
             path = scratch / f"part-{b:05d}.json"
             if not path.exists():  # else finished before a stop: read back, as every part is

@@ -4,9 +4,13 @@ rendered as docs/config.md by docs/generate.py), and validators whose errors nam
 The choices that extensions add are read from their tables at validation time: supervision modes
 (`pipeline.modes.MODES`), reward-model kinds (`pipeline.rm_kinds.RM_KINDS`, a `reward_model.<kind>` section and a
 check each where the kind declares them), reward functions (`pipeline.rewards.REWARD_FUNCS`) and problem sets
-(`pipeline.problems.PROBLEM_SETS`, one `problems.<kind>` section each). Loading a YAML file with `--set` overrides is
-`pipeline.loading`; the TRL pass-through sections (`grpo:`, `bootstrap.sft_args`, `reward_model.train_args`) are
-checked by `pipeline.passthrough`; the optional installs a config asks for, by `pipeline.preflight`.
+(`pipeline.problems.PROBLEM_SETS`, one `problems.<kind>` section each); so are the other choices, each a `str` checked
+against its table: the process rewards, credits, baselines and centrings (`pipeline.step_rewards`, `pipeline.credit`),
+the collection's strategies and task runners (`pipeline.collect_choices`), the PRM's aggregations
+(`pipeline.rm_kinds.AGGREGATIONS`), the oracles and the launchers (`pipeline.launchers`). Loading a YAML file with
+`--set` overrides is `pipeline.loading`; the TRL pass-through sections (`grpo:`, `bootstrap.sft_args`,
+`reward_model.train_args`) are checked by `pipeline.passthrough`; the optional installs a config asks for, by
+`pipeline.preflight`.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
+from pipeline.collect_choices import STRATEGIES, TASK_RUNNERS
+from pipeline.credit import BASELINES, CENTRINGS, CREDITS
+from pipeline.dtypes import DtypeSetting
 from pipeline.launchers import LAUNCHERS
 from pipeline.modes import check_supervision, supervision_mode
 from pipeline.problems import PROBLEM_SETS
@@ -68,6 +75,11 @@ class PolicyConfig(Section):
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Sizes when model is 'tiny'.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter instead of all weights (merged on save).")
+    dtype: DtypeSetting = Field("float32", description=(
+        "The policy's precision in every phase and process (pipeline/dtypes.py): bfloat16 loads it in bf16 to sample "
+        "(collection, evaluation, MC rollouts) and trains it (SFT, GRPO) under bf16 autocast over float32 weights; "
+        "auto: bfloat16 on a CUDA GPU with bf16 or a CPU with AMX or AVX512-BF16, float32 elsewhere. Recorded in the "
+        "manifest and MLflow (igrpo.dtype); a resume in another dtype is refused."))
 
 
 class _ProblemsSection(Section):
@@ -149,6 +161,11 @@ class PasskConfig(Section):
         return list(self.schedule) if self.schedule is not None else [self.k]
 
 
+# The process choices' fields -> their tables (a plugin's entry is a choice as soon as it is registered).
+_PROCESS_CHOICES = {"process_reward": PROCESS_REWARDS, "process_credit": CREDITS, "process_baseline": BASELINES,
+                    "process_centring": CENTRINGS}
+
+
 class SupervisionConfig(Section):
     mode: str = Field("process", description=(
         "GRPO advantages (pipeline/modes.py): outcome, process (PRM), hybrid (outcome + process_weight x process), "
@@ -161,9 +178,10 @@ class SupervisionConfig(Section):
     process_weight: float = Field(1.0, ge=0, allow_inf_nan=False, description=(
         "Hybrid mode: w in A = A_outcome + w * A_process (0: outcome mode's advantages); logged: "
         "hybrid/process_variance_share."))
-    process_credit: Literal["sum", "min", "step"] = Field("sum", description=(
-        "Process and hybrid mode: a token's process advantage is the sum (DeepSeekMath §4.1.3) or the min "
-        "(PURE, arXiv 2504.15275) of the step rewards of the steps ending at or after it, or its own step's (step)."))
+    process_credit: str = Field("sum", description=(
+        "Process and hybrid mode (pipeline.credit CREDITS): a token's process advantage is the sum (DeepSeekMath "
+        "§4.1.3) or the min (PURE, arXiv 2504.15275) of the step rewards of the steps ending at or after it, or its "
+        "own step's (step)."))
     process_reward: str = Field("value", description=(
         "Process and hybrid mode (pipeline.step_rewards PROCESS_REWARDS): a step's reward is the step scorer's value "
         "(Math-Shepherd's Q, normalised over the "
@@ -176,12 +194,13 @@ class SupervisionConfig(Section):
         "process_reward prime: c_p, the weight of the implicit PRM's token rewards (PRIME's recipe: 5)."))
     prime_outcome_coef: float = Field(5.0, ge=0, allow_inf_nan=False, description=(
         "process_reward prime: c_o, the weight of the verifier's outcome (PRIME's recipe: 5)."))
-    process_baseline: Literal["group", "position"] = Field("group", description=(
-        "Process and hybrid mode: a step's PRM reward is normalised with every step of its group (DeepSeekMath "
-        "§4.1.3) or with the group's steps at the same index only, so a PRM's prior over positions cancels."))
-    process_centring: Literal["none", "group", "output"] = Field("none", description=(
-        "Process and hybrid mode: remove the process advantages' per-token mean over each group's tokens (group) "
-        "or each completion's (output), so the process term no longer pushes every sampled token one way "
+    process_baseline: str = Field("group", description=(
+        "Process and hybrid mode (pipeline.credit BASELINES): a step's PRM reward is normalised with every step of "
+        "its group (group: DeepSeekMath §4.1.3) or with the group's steps at the same index only (position), so a "
+        "PRM's prior over positions cancels."))
+    process_centring: str = Field("none", description=(
+        "Process and hybrid mode (pipeline.credit CENTRINGS): remove the process advantages' per-token mean over "
+        "each group's tokens (group) or each completion's (output), so the process term no longer pushes every sampled token one way "
         "(DeepSeekMath's are not centred: REFERENCE, 'The mean of process advantages'); none: as DeepSeekMath."))
     process_reward_model: str = Field("prm", description=(
         "Process and hybrid mode: the RM kind (of reward_model.kinds) whose step scores are the step rewards; "
@@ -190,10 +209,10 @@ class SupervisionConfig(Section):
         "passk mode: k of pass@k and its schedule (docs/supervision.md)."))
     prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
 
-    @field_validator("process_reward")
+    @field_validator(*_PROCESS_CHOICES)
     @classmethod
-    def _known_process_reward(cls, v: str) -> str:
-        PROCESS_REWARDS[v]  # an unknown one: the registry's error, listing the known ones
+    def _known_choice(cls, v: str, info: ValidationInfo) -> str:
+        _PROCESS_CHOICES[info.field_name][v]  # an unknown one: the registry's error, listing the known ones
         return v
 
     @field_validator("mode")
@@ -242,6 +261,9 @@ class SamplingConfig(Section):
     )
 
 
+_COLLECT_CHOICES = {"strategy": STRATEGIES, "task_runner": TASK_RUNNERS}  # the collection's choices' tables
+
+
 class CollectConfig(SamplingConfig):
     prompts_per_round: int = Field(32, ge=1, description="M: training prompts sampled each round.")
     samples_per_prompt: int = Field(4, ge=1, description="G: completions per prompt.")
@@ -253,24 +275,30 @@ class CollectConfig(SamplingConfig):
         "The MC completer whose success from each step prefix labels the steps (PAV's prover): the round's "
         "policy (Math-Shepherd), or round 0's policy, fixed across rounds (it shares the policy's tokenizer). "
         "reward_model.target hard estimates Best-of-N of it, soft its own success rate."))
-    strategy: Literal["exhaustive", "first_error"] = Field("exhaustive", description=(
-        "Which prefixes get rollouts: every one, or those a binary search for the first error probes "
-        "(first_error); the others' labels are then imputed, SE = HE (hard labels even for reward_model.target: "
-        "soft), their share logged as collect/imputed_label_share."))
+    strategy: str = Field("exhaustive", description=(
+        "Which prefixes get rollouts (pipeline.collect_choices STRATEGIES): every one (exhaustive), or those a "
+        "binary search for the first error probes (first_error); the others' labels are then imputed, SE = HE (hard "
+        "labels even for reward_model.target: soft), their share logged as collect/imputed_label_share."))
     prompts_per_part: int = Field(64, ge=1, description=(
         "Prompts sampled and labelled together, each such part seeded by its index and kept as it finishes, so a "
         "stopped collection resumes after its last finished part, to the same shard (a shard of one part is seeded "
         "as before parts existed)."))
     workers: int = Field(1, ge=1, description="Sampling workers; batches are sharded over them, with the same shard as 1 worker.")
-    task_runner: Literal["thread", "ray"] = Field(
-        "thread", description="Prefect task runner of the workers: threads in this process, or Ray (`[ray]` extra)."
-    )
+    task_runner: str = Field("thread", description=(
+        "Prefect task runner of the workers (pipeline.collect_choices TASK_RUNNERS): threads in this process "
+        "(thread), or Ray (ray: the `[ray]` extra)."))
     ray_address: str | None = Field(None, description=(
         "Ray cluster to join (e.g. ray://head:10001); None: the one running on this node if any, else a local one."))
     ray_init: dict[str, Any] = Field(default_factory=dict, description=(
         "Passed to ray.init; its resources (num_cpus, object_store_memory...) only where it starts a local Ray: "
         "Ray refuses them when it joins a running one."))
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray: GPUs reserved by each worker's task (1 on a GPU node).")
+
+    @field_validator(*_COLLECT_CHOICES)
+    @classmethod
+    def _known_choice(cls, v: str, info: ValidationInfo) -> str:
+        _COLLECT_CHOICES[info.field_name][v]  # an unknown one: the registry's error, listing the known ones
+        return v
 
 
 def _reward_model_config() -> type[Section]:

@@ -66,7 +66,7 @@ def run_eval_phase(
     render = renderer_from_config(cfg, load_tokenizer(str(policy_path))).render
     rendered = [render(p) for p in problems]  # what the RMs score after, too
     # Over collection's workers (`collect.workers`, its task runner), with the same samples as in this process.
-    with open_sampler(str(policy_path), e, cfg.collect) as sampler:
+    with open_sampler(str(policy_path), e, cfg.collect, cfg.policy.dtype) as sampler:
         ev = evaluate_policy(sampler, problem_set, problems, n=e.samples_per_problem, seed=cfg.run.seed + round_index,
                              prompts=rendered)
     metrics = {f"eval/{k}": v for k, v in ev.metrics.items()}

@@ -24,9 +24,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pipeline.collect_choices import TASK_RUNNERS
 from pipeline.config import CollectConfig, SamplingConfig
+from pipeline.dtypes import machine_dtype
 from pipeline.generation import Batch, Samples, assemble, generate_batches, load_sampling_model, plan_batches, sample
-from pipeline.registry import load_plugins, plugin_env
+from pipeline.registry import load_plugins
 
 # sampler(prompts, n, seed=..., desc=...) -> Samples: what the collection phase generates with.
 Sampler = Callable[..., Samples]
@@ -50,62 +52,46 @@ def split_batches(batches: list[Batch], workers: int) -> list[list[Batch]]:
 
 
 @functools.lru_cache(maxsize=1)
-def _cached_model(path: str, backend: str, vllm_args: str, stamp: int):
-    return load_sampling_model(path, backend, json.loads(vllm_args))
+def _cached_model(path: str, backend: str, vllm_args: str, stamp: int, dtype: str):
+    return load_sampling_model(path, backend, json.loads(vllm_args), dtype)
 
 
-def _worker_model(path: str, backend: str, vllm_args: str, stamp: int):
+def _worker_model(path: str, backend: str, vllm_args: str, stamp: int, dtype: str = "float32"):
     # One model per worker process (Ray reuses its workers across tasks; threads share this one); the
     # checkpoint's mtime in the key, so a checkpoint rewritten in place is loaded again. One load at a
     # time: transformers patches torch globals while it builds a model, and two threads loading at once
     # leave broken weights (NaN probabilities) behind.
     with _LOAD_LOCK:
-        return _cached_model(path, backend, vllm_args, stamp)
+        return _cached_model(path, backend, vllm_args, stamp, dtype)
 
 
 def generate_shard(
     path: str, stamp: int, backend: str, vllm_args: dict[str, Any], prompts: dict[int, str], batches: list[Batch],
-    opts: dict[str, Any],
+    opts: dict[str, Any], dtype: str = "float32",
 ):
-    """Generate one shard of a batch plan with the policy at `path` (the body of the Prefect task)."""
+    """Generate one shard of a batch plan with the policy at `path` in `dtype` (the body of the Prefect task)."""
     load_plugins()  # a Ray worker is a process of its own
-    model, tokenizer = _worker_model(path, backend, json.dumps(vllm_args, sort_keys=True), stamp)
+    model, tokenizer = _worker_model(path, backend, json.dumps(vllm_args, sort_keys=True), stamp, dtype)
     return generate_batches(model, tokenizer, prompts, batches, **opts)
 
 
-def _task_runner(c: CollectConfig):
-    if c.task_runner == "ray":
-        from prefect_ray import RayTaskRunner  # the [ray] extra; the config refuses task_runner ray without it
-
-        return RayTaskRunner(address=c.ray_address, init_kwargs=ray_init_kwargs(c.ray_init))
-    from prefect.task_runners import ThreadPoolTaskRunner
-
-    return ThreadPoolTaskRunner(max_workers=c.workers)
-
-
-def ray_init_kwargs(ray_init: dict[str, Any]) -> dict[str, Any]:
-    """`ray.init`'s arguments: `ray_init`, and this process's plugin path in the job's environment (`plugin_env`),
-    so each worker's `load_plugins` finds what this process's does."""
-    runtime_env = dict(ray_init.get("runtime_env") or {})
-    runtime_env["env_vars"] = {**plugin_env(), **runtime_env.get("env_vars", {})}
-    return {**ray_init, "runtime_env": runtime_env}
-
-
 @contextlib.contextmanager
-def open_sampler(path: str, c: SamplingConfig, fanout: CollectConfig | None = None) -> Iterator[Sampler]:
+def open_sampler(path: str, c: SamplingConfig, fanout: CollectConfig | None = None,
+                 dtype: str = "float32") -> Iterator[Sampler]:
     """A sampler over the policy at `path` with `c`'s settings: in this process, or over `fanout.workers` workers.
 
     Args:
         c: how to sample (temperature, lengths, batch size, engine): collection's or evaluation's section.
         fanout: where (workers, task runner, Ray): collection's section, which evaluation shares; None: `c`.
+        dtype: the policy's weights' dtype (`policy.dtype`), resolved here: every worker, on any node, loads in it.
 
     The task runner (a Ray cluster, a thread pool) lives as long as the `with` block, so the phase's
     sampling and MC rollout calls share it and its loaded models.
     """
-    f = fanout or c
+    f, dtype = fanout or c, machine_dtype(dtype)  # resolved on the driver's machine, for every worker
     opts = dict(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens)
     if f.workers == 1:
-        model, tokenizer = load_sampling_model(path, c.backend, c.vllm_args)
+        model, tokenizer = load_sampling_model(path, c.backend, c.vllm_args, dtype)
         yield functools.partial(sample, model, tokenizer, batch_size=c.batch_size, **opts)
         return
 
@@ -114,7 +100,7 @@ def open_sampler(path: str, c: SamplingConfig, fanout: CollectConfig | None = No
 
     shard_task = task(generate_shard, name="sample-shard", cache_policy=NO_CACHE, persist_result=False)
     stamp = os.stat(path).st_mtime_ns
-    with _task_runner(f) as runner:
+    with TASK_RUNNERS[f.task_runner].runner(f) as runner:
 
         def sharded(prompts: list[str], n: int, *, seed: int, greedy: bool = False, desc: str | None = None) -> Samples:
             start = time.perf_counter()
@@ -123,7 +109,7 @@ def open_sampler(path: str, c: SamplingConfig, fanout: CollectConfig | None = No
             for run in runs:
                 needed = {i: prompts[i] for _, jobs in run for i, _ in jobs}
                 params = dict(path=str(path), stamp=stamp, backend=c.backend, vllm_args=c.vllm_args, prompts=needed,
-                              batches=run, opts=dict(opts, greedy=greedy, seed=seed))
+                              batches=run, opts=dict(opts, greedy=greedy, seed=seed), dtype=dtype)
                 futures.append(_submit(runner, shard_task, params, f))
             generated = [row for future in futures for row in future.result()]
             return assemble(len(prompts), n, generated, time.perf_counter() - start)
@@ -135,8 +121,8 @@ def open_sampler(path: str, c: SamplingConfig, fanout: CollectConfig | None = No
 
 
 def _submit(runner, shard_task, params: dict[str, Any], c: CollectConfig):
-    if c.task_runner != "ray":
-        return runner.submit(shard_task, params)
+    submit = TASK_RUNNERS[c.task_runner].submit
+    return submit(runner, shard_task, params, c) if submit else runner.submit(shard_task, params)
     from prefect_ray.context import remote_options
 
     # SPREAD: the shards over the nodes; Ray's default packs tasks onto a node until half its CPUs are busy.

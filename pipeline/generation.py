@@ -102,8 +102,10 @@ def is_vllm(model) -> bool:
     return type(model).__module__.startswith("vllm")
 
 
-def load_sampling_model(path: str, backend: str = "hf", vllm_args: Mapping[str, Any] | None = None):
-    """(model, tokenizer) for `sample`: an HF causal LM, or a `vllm.LLM` on the checkpoint directory.
+def load_sampling_model(path: str, backend: str = "hf", vllm_args: Mapping[str, Any] | None = None,
+                        dtype: str = "float32"):
+    """(model, tokenizer) for `sample`: an HF causal LM, or a `vllm.LLM` on the checkpoint directory, with its
+    weights in `dtype` (`policy.dtype`, resolved: `pipeline.dtypes`; a `dtype` in `vllm_args` wins for vLLM).
 
     `vllm_args` go to `vllm.LLM` (e.g. `gpu_memory_utilization`: vLLM reserves 0.9 of the GPU by default,
     which leaves no room for a reward model scored in the same process afterwards).
@@ -111,11 +113,12 @@ def load_sampling_model(path: str, backend: str = "hf", vllm_args: Mapping[str, 
     if backend == "vllm":
         from vllm import LLM  # the [vllm] extra; the config refuses backend vllm without it
 
-        llm = LLM(model=str(path), **dict(vllm_args or {}))  # every request carries its own seed
+        llm = LLM(model=str(path), **{"dtype": dtype, **dict(vllm_args or {})})  # every request carries its own seed
         return llm, llm.get_tokenizer()
     from models import load_policy
+    from pipeline.dtypes import torch_dtype
 
-    model, tokenizer = load_policy(str(path))
+    model, tokenizer = load_policy(str(path), torch_dtype(dtype))
     return (model.to("cuda") if torch.cuda.is_available() else model), tokenizer  # Ray: the worker's own GPU
 
 

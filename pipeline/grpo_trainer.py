@@ -16,17 +16,22 @@ with TRL's own outcome advantages (hybrid) or replaces them (process; rft by the
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from trl import GRPOTrainer
 
 from pipeline.advantages import advantage_stats, extend_last_step
 from pipeline.config import SupervisionConfig
 from pipeline.generation import Continuation, sample
 from pipeline.modes import AdvantageInputs, supervision_mode
+from pipeline.resume import CheckpointedState
 from pipeline.scorers import PrmScorer
 from pipeline.step_rewards import PROCESS_REWARDS, ProcessInputs
 from pipeline.steps import STEP_SEPARATOR, char_to_token_ends, step_token_ends, token_spans
@@ -149,7 +154,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
     `reward_std` stay the outcome rewards'.
 
     A step scorer with an `online_lr` (the implicit PRM with `reward_model.implicit.online_lr`, PRIME) first takes one
-    update on each training batch's completions and verifier outcomes (`update`), then scores them.
+    update on each training batch's completions and verifier outcomes (`update`), then scores them; its weights and
+    optimizer go into the trainer's checkpoints and come back on resume (`OnlineScorerState`).
 
     Args:
         prm_scorer: scores each step of `prompt + completion` (required in a mode with step rewards).
@@ -175,6 +181,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.prm_scorer, self.supervision, self.step_separator = prm_scorer, supervision, step_separator
         self.round_position = round_position
+        if getattr(prm_scorer, "online_lr", None):  # PRIME: the PRM it updates is in its checkpoints
+            self.add_callback(OnlineScorerState(prm_scorer))
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Kept for the mode (rft reads the verifier's): TRL returns the rewards gathered over processes, (B_all, F).
@@ -273,7 +281,8 @@ class ProcessGRPOTrainer(GRPOTrainer):
         limit, tok, device = self.max_completion_length, self.processing_class, self.accelerator.device
         room = max(1, limit - min(len(p.completion_ids) for p in prefixes))
         seed = mc_seed(self.args.seed, self.state.global_step, self.accelerator.process_index)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        # Under the trainer's autocast (bf16 where `policy.dtype` is, over the float32 weights), as its own forward.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), self.accelerator.autocast():
             out = sample(model, tok, prefixes, n, temperature=self.temperature, top_p=self.top_p, max_new_tokens=room,
                          batch_size=self.prm_scorer.batch_size, seed=seed)
         texts = [[t if len(ids) <= limit else tok.decode(ids[:limit], skip_special_tokens=True)
@@ -310,6 +319,39 @@ class ProcessGRPOTrainer(GRPOTrainer):
             for _ in all_lengths:
                 logged.pop()
             logged.extend((adv[:, 0] if adv.dim() == 2 else adv).tolist())
+
+
+class OnlineScorerState(CheckpointedState):
+    """The step scorer an online update trains (PRIME's implicit PRM, `online_state`: its weights and optimizer) in
+    each of GRPO's checkpoints, and restored from the one resumed: the PRM goes on from where it was, as the policy."""
+
+    name = "online_scorer.safetensors"  # tensors and JSON, never a pickle (tests/test_security.py)
+
+    def __init__(self, scorer):
+        self.scorer = scorer
+
+    def save(self, path: Path) -> None:
+        state = self.scorer.online_state()
+        # Cloned: safetensors refuses tensors that share storage (tied embeddings); loading re-ties them.
+        tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in state["model"].items()}
+        optimizer = state["optimizer"]
+        for i, per_param in (optimizer or {}).get("state", {}).items():
+            tensors.update({f"optimizer.{i}.{k}": torch.as_tensor(v).clone().contiguous() for k, v in per_param.items()})
+        groups = json.dumps(optimizer["param_groups"]) if optimizer is not None else "null"
+        save_file(tensors, str(path), metadata={"param_groups": groups})
+
+    def load(self, path: Path) -> None:
+        with safe_open(str(path), framework="pt") as f:
+            groups = json.loads(f.metadata()["param_groups"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118  safe_open has no iteration
+        model = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+        per_param: dict[int, dict] = {}
+        for k, v in tensors.items():
+            if k.startswith("optimizer."):
+                _, i, name = k.split(".", 2)
+                per_param.setdefault(int(i), {})[name] = v
+        optimizer = None if groups is None else {"state": per_param, "param_groups": groups}
+        self.scorer.load_online_state({"model": model, "optimizer": optimizer})
 
 
 def mc_seed(seed: int, step: int, process: int) -> int:

@@ -234,10 +234,9 @@ def _check_prime(s: Any, fields: Mapping) -> None:
         if set_:
             raise ValueError(f"{', '.join(set_)} is only used with process_reward: prime: remove it")
         return
-    if s.mode != "process" or s.process_reward_model != "implicit":
-        raise ValueError("process_reward: prime is PRIME's advantage from the implicit PRM's token rewards and the "
-                         "verifier's outcome together: it needs mode: process (hybrid would add the outcome twice) "
-                         "and process_reward_model: implicit")
+    if s.mode != "process":  # the step scorer's kind giving token rewards: `pipeline.rm_kinds.check_kinds`
+        raise ValueError("process_reward: prime is PRIME's advantage from the step scorer's token rewards and the "
+                         "verifier's outcome together: it needs mode: process (hybrid would add the outcome twice)")
     steps = [n for n in ("process_credit", "process_baseline", "process_centring")
              if getattr(s, n) != fields[n].default]
     if steps:

@@ -19,7 +19,7 @@ def grpo_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
     """Build TRL's GRPOConfig from the YAML pass-through (our derived values fill only what is unset)."""
     from trl import GRPOConfig
 
-    args = {"report_to": "none", "seed": cfg.run.seed, **RESUMABLE, **device_defaults(),
+    args = {"report_to": "none", "seed": cfg.run.seed, **RESUMABLE, **device_defaults(cfg.policy.dtype),
             **checkpointing_defaults(GRPOConfig, {**memory_defaults(cfg), **cfg.grpo})}
     args.update(cfg.grpo)
     args.update(overrides)
@@ -30,7 +30,7 @@ def sft_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
     """Build TRL's SFTConfig for the bootstrap from ``bootstrap.sft_args``."""
     from trl import SFTConfig
 
-    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults(),
+    args = {"report_to": "none", "seed": cfg.run.seed, "save_strategy": "no", **device_defaults(cfg.policy.dtype),
             **checkpointing_defaults(SFTConfig, {**memory_defaults(cfg), **cfg.bootstrap.sft_args})}
     args.update(cfg.bootstrap.sft_args)
     args.update(overrides)
@@ -83,13 +83,16 @@ def checkpointing_defaults(config_class: type, given: dict[str, Any]) -> dict[st
     return out
 
 
-def device_defaults() -> dict[str, Any]:
-    """Trainer arguments that follow the machine: TRL defaults to bf16, which a CPU-only machine refuses."""
+def device_defaults(dtype: str = "float32") -> dict[str, Any]:
+    """Trainer arguments that follow the machine and the model's dtype setting (`policy.dtype`,
+    `reward_model.dtype`): the CPU where there is no GPU, and bf16 autocast exactly where the setting resolves to
+    bfloat16 (`pipeline.dtypes.trainer_precision`; TRL's own default, bf16 everywhere, is refused by a CPU without
+    it and would make float32 mean bf16 on a GPU)."""
     import torch
 
-    if torch.cuda.is_available():
-        return {}
-    return {"use_cpu": True, "bf16": False}
+    from pipeline.dtypes import trainer_precision
+
+    return {**({} if torch.cuda.is_available() else {"use_cpu": True}), **trainer_precision(dtype)}
 
 
 def rm_training_config(cfg: PipelineConfig, output_dir: str):
@@ -98,7 +101,7 @@ def rm_training_config(cfg: PipelineConfig, output_dir: str):
     config_class = _rm_class(cfg)
     extra = {"max_length": None} if config_class is not _training_arguments() else {}
     return config_class(output_dir=output_dir, **{"report_to": "none", **rm_resumable(rm.train_args), **extra,
-                                                  **device_defaults(),
+                                                  **device_defaults(rm.dtype),
                                                   **checkpointing_defaults(config_class, rm.train_args), **rm.train_args})
 
 

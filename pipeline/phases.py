@@ -30,7 +30,7 @@ class PhaseResult:
 
     metrics: dict[str, float]
     path: str | None = None  # its one output: a checkpoint, a shard, eval.json
-    paths: dict[str, str] | None = None  # or one checkpoint per trained model, by kind
+    paths: dict[str, str] | None = None  # or one checkpoint per trained model, by kind (GRPO: those it updated online)
     versions: dict[str, str] | None = None  # MLflow model versions registered, by kind
 
     def to_manifest(self) -> dict:
@@ -87,7 +87,8 @@ def _grpo(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
         tracking.log_params(runs.run_id, {"process/value_source": value_source(cfg)})
     res = run_policy_phase(cfg, problem_set_from_config(cfg), policy, out or RunDir(cfg.run_dir).policy(round_index),
                            round_index, reward_models, report_to=runs.report_to)
-    return PhaseResult(res.metrics, path=str(res.policy_path))
+    online = {kind: str(p) for kind, p in res.online_reward_models.items()}  # PRIME's PRM as it left it
+    return PhaseResult(res.metrics, path=str(res.policy_path), paths=online or None)
 
 
 def _collect(cfg: PipelineConfig, runs: PhaseRuns, round_index: int, policy: str,
@@ -165,6 +166,12 @@ def _rm_checkpoints(cfg: PipelineConfig, result: PhaseResult) -> dict[str, str]:
     return dict(result.paths or {}) if cfg.tracking.register_models else {}
 
 
+def _rm_warm_starts(done: Done, r: int) -> dict[str, str] | None:
+    """What round r's RM phase warm-starts from: round r-1's RMs, each replaced by the one round r's GRPO updated online
+    (PRIME's implicit PRM, recorded in the policy phase's `paths`), which carries its updates forward."""
+    return {**(_paths(done(r - 1, "reward_model")) or {}), **(_paths(done(r, "policy")) or {})} or None
+
+
 def _grpo_inputs(done: Done, r: int) -> dict:
     before = done(r - 1, "policy")  # None in round 0, which bootstraps π_0 instead (`first`)
     return {"policy": before.path, "reward_models": _paths(done(r - 1, "reward_model"))} if before else {}
@@ -180,9 +187,10 @@ PHASES: Registry[Phase] = Registry("phase", Phase, {p.name: p for p in (
     # Fresh samples of π_r, labelled by the verifier and by MC step rollouts.
     Phase("collect", _collect, lambda done, r: {"policy": done(r, "policy").path},
           figures=("collect/samples", "collect/verifier_accuracy", "collect/he_gold_agreement")),
-    # RMs warm-started from round r-1's (afresh from π_r's backbone in round 0), on the new shard + a replay.
+    # RMs warm-started from round r-1's (afresh from π_r's backbone in round 0; PRIME's PRM from round r's GRPO), on
+    # the new shard + a replay.
     Phase("reward_model", _reward_model,
-          lambda done, r: {"policy": done(r, "policy").path, "previous": _paths(done(r - 1, "reward_model"))},
+          lambda done, r: {"policy": done(r, "policy").path, "previous": _rm_warm_starts(done, r)},
           launchable=True, models=_trained_rms, registers=_rm_checkpoints,
           figures=("prm/step_auc_mc", "prm/step_auc_gold", "orm/auc")),
     # π_r on held-out problems; best-of-N with round r's RMs; the hacking monitor on the RMs GRPO trained against

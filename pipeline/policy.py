@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from datasets import Dataset
@@ -22,14 +22,16 @@ from pipeline.prompts import PromptRenderer, renderer_from_config
 from pipeline.resume import fingerprint, train_resumable
 from pipeline.reward_model import load_scorer
 from pipeline.rewards import SolutionScorer, active_rewards, build_reward_func, reward_models_needed
-from pipeline.rm_kinds.loading import kind_name
-from pipeline.rundir import scratch_dir
+from pipeline.rm_kinds.loading import kind_name, save_reward_model
+from pipeline.rundir import online_reward_model_dir, scratch_dir
 from pipeline.step_rewards import ORACLES
 
 @dataclass
 class PolicyPhaseResult:
     policy_path: Path
     metrics: dict[str, float]
+    # RM kind -> the checkpoint of the step scorer as the online update left it (PRIME's implicit PRM), if updated
+    online_reward_models: dict[str, Path] = field(default_factory=dict)
 
 
 def round_prompts(
@@ -77,6 +79,8 @@ def run_policy_phase(
     `reward_models`: RM kind -> checkpoint, for those the mode and rewards need (`reward_models_needed`):
     the PRM in process mode, the ORM for an `orm` reward; others are ignored. With `reward_model.oracle`
     no PRM gives the step rewards (`step_scorer`).
+    A step scorer updated online (`reward_model.implicit.online_lr`, PRIME) is in GRPO's checkpoints, and saved with
+    the phase beside the policy (`online_reward_model_dir`, the result's `online_reward_models`).
     """
     # Reward models first: a wrong path or a wrong kind fails before any training.
     scorers = {}
@@ -106,7 +110,12 @@ def run_policy_phase(
     train_resumable(trainer, fingerprint(cfg, "policy", round_index, policy=str(policy_path), out=str(out_dir),
                                          reward_models={k: str(v) for k, v in (reward_models or {}).items()}))
     save_model(trainer.model, tokenizer, out_dir)
-    return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history))
+    online = {}
+    if getattr(prm, "online_lr", None):  # PRIME's PRM, as its updates left it: the warm start of the round's RM phase
+        kind = cfg.supervision.process_reward_model
+        online[kind] = save_reward_model(prm.model, prm.tokenizer, online_reward_model_dir(out_dir, kind), kind,
+                                         meta=prm.record)  # the reference and beta it was loaded with
+    return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history), online)
 
 
 def step_scorer(cfg: PipelineConfig, problem_set: ProblemSet, data: Dataset, tokenizer,

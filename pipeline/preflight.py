@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import tracking
+from pipeline.collect_choices import TASK_RUNNERS
 from pipeline.config import ConfigError, PipelineConfig
+from pipeline.dtypes import dtype_change, run_dtypes
 from pipeline.launchers import LAUNCHERS
 from pipeline.loading import resumed_config_diff
 from pipeline.problems import problem_set_from_config
@@ -24,8 +26,8 @@ def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
     needed = [(f"{name}.backend", "vllm", "vllm") for name in ("collect", "eval") if getattr(cfg, name).backend == "vllm"]
     if cfg.grpo.get("use_vllm") is True:
         needed.append(("grpo.use_vllm", "vllm", "vllm"))
-    if cfg.collect.task_runner == "ray" and cfg.collect.workers > 1:
-        needed.append(("collect.task_runner", "ray", "prefect_ray"))
+    if cfg.collect.workers > 1 and (extra := TASK_RUNNERS[cfg.collect.task_runner].extra) is not None:
+        needed.append(("collect.task_runner", *extra))
     if (extra := LAUNCHERS[cfg.launcher.kind].extra) is not None:
         needed.append(("launcher.kind", *extra))
     return needed
@@ -240,6 +242,7 @@ def _run_directory(cfg: PipelineConfig) -> str:
         manifest = Manifest.load(cfg.run_dir)
     except FileNotFoundError:
         return f"{cfg.run_dir}: new (will be created)"
+    refuse_changed_dtype(manifest, cfg)
     refuse_changed_config(manifest, cfg)
     return f"{cfg.run_dir}: resumes it ({len(manifest.data['phases'])} phases done)"
 
@@ -295,6 +298,21 @@ def refuse_changed_config(manifest: Manifest, cfg: PipelineConfig) -> None:
         )
 
 
+def refuse_changed_dtype(manifest: Manifest, cfg: PipelineConfig) -> None:
+    """A RunDirError of one sentence where `cfg` resolves, on this machine, to other dtypes than the run ran in (an
+    `auto` on a machine with or without bf16, or another setting)."""
+    settings = {"policy": cfg.policy.dtype, "reward_model": cfg.reward_model.dtype}
+    sentence = dtype_change(str(cfg.run_dir), manifest.dtypes, run_dtypes(cfg), settings)
+    if sentence:
+        raise RunDirError(sentence)
+
+
+def _dtypes(cfg: PipelineConfig) -> str:
+    """The dtypes the run would run in here (`pipeline.dtypes`)."""
+    got = run_dtypes(cfg)
+    return f"policy {got['policy']} ({cfg.policy.dtype}), reward models {got['reward_model']} ({cfg.reward_model.dtype})"
+
+
 # The checks of the config's inputs, by what they check; each returns what it found, in a few words.
 CHECKS = {
     "extras": check_extras,
@@ -305,6 +323,7 @@ CHECKS = {
     "problems.prompt_format": _prompts,
     "supervision.rewards": _rewards,
     "launcher": _launcher,
+    "dtype": _dtypes,
     "recorded outputs": _recorded_outputs,
 }
 

@@ -8,7 +8,8 @@ another fingerprint, so a checkpoint of another config, phase or round is never 
 Trainers (GRPO, the RMs) save a checkpoint every `save_steps` (`pipeline.passthrough.SAVE_STEPS`, pruned to
 `save_total_limit`) and, told to stop, one at the next step boundary (`StopAtStepBoundary`); `train_resumable`
 resumes from the newest whole one through transformers' own `resume_from_checkpoint`, which restores the weights,
-optimizer, scheduler, RNG states and data order: the final weights are those of a run never stopped.
+optimizer, scheduler, RNG states and data order: the final weights are those of a run never stopped. State the trainer
+does not know of (PRIME's online-updated PRM) goes into the same checkpoints through a `CheckpointedState` callback.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ _IGNORED = {"run": ("name", "runs_dir", "rounds"), "tracking": None, "eval": Non
 # Fields added to the config since scratch folders were first fingerprinted: hashed only where set away from their
 # default, so a phase stopped under an older release resumes its checkpoints after an upgrade (a new field at its
 # default computes what the older release did). A field added to the config joins this list; a test pins the hash.
-_ADDED = {"supervision": ("prime_process_coef", "prime_outcome_coef", "passk"), "reward_model": ("mc_rollouts",),
-          "launcher": ("ray_address",)}
+_ADDED = {"supervision": ("prime_process_coef", "prime_outcome_coef", "passk"), "reward_model": ("mc_rollouts", "dtype"),
+          "launcher": ("ray_address",), "policy": ("dtype",)}
 
 # The built-in RM kinds' section fields as the flat `reward_model.*` keys they were when fingerprints began: kind ->
 # {flat key: field}. The config reads only the sections; the hash reads them so, to stay the same.
@@ -148,6 +149,45 @@ class StopAtStepBoundary(TrainerCallback):
         return control
 
 
+class CheckpointedState(TrainerCallback):
+    """State outside the trainer's model that its checkpoints keep (a subclass's `save` and `load`): written into each
+    `checkpoint-N` as transformers saves it (`on_save`, process 0), read back from the one `train_resumable` resumes.
+
+    transformers has written the checkpoint's trainer state (what makes it whole to `last_checkpoint`) before
+    `on_save`: a checkpoint without this state's file (`name`) was cut between the two, and is not resumed from.
+    """
+
+    name: str  # the file it writes in a checkpoint
+
+    def save(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def load(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            path = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / self.name
+            part = path.with_name(f".{path.name}.part")  # renamed whole: the file is there only once written
+            self.save(part)
+            os.replace(part, path)
+        return control
+
+
+def resumable_checkpoint(scratch: Path, states: list[CheckpointedState]) -> Path | None:
+    """The newest whole checkpoint in `scratch` (`last_checkpoint`) that also holds every one of `states`' files; one
+    that lacks one is deleted (with a message), so an older one, or none (the phase starts over), is resumed."""
+    while (checkpoint := last_checkpoint(scratch)) is not None:
+        missing = [s.name for s in states if not (checkpoint / s.name).is_file()]
+        if not missing:
+            return checkpoint
+        log.warning("%s: without %s (cut while saving): deleted, not resumed", checkpoint, ", ".join(missing))
+        shutil.rmtree(checkpoint)
+    return None
+
+
 @contextlib.contextmanager
 def stop_at_step_boundary():
     """The first SIGINT or SIGTERM only sets `STOP` (the trainer then saves and stops at the step's end, see
@@ -204,13 +244,17 @@ def train_resumable(trainer: Trainer, fingerprint_: str) -> None:
     Trainer may still list its checkpoints there).
     """
     scratch = Path(trainer.args.output_dir)
+    states = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, CheckpointedState)]
     if trainer.accelerator.is_main_process:
         claim(scratch, fingerprint_)
+        resumable_checkpoint(scratch, states)  # one cut before its `states` were saved: deleted
     trainer.accelerator.wait_for_everyone()
     checkpoint = last_checkpoint(scratch)
     state = read_json(checkpoint / TRAINER_STATE) if checkpoint else {"global_step": 0, "max_steps": 1}
     if checkpoint is not None:
         log.info("resuming from %s (step %d of %d)", checkpoint, state["global_step"], state["max_steps"])
+        for s in states:
+            s.load(checkpoint / s.name)
     if state["global_step"] >= state["max_steps"]:
         # Stopped in its last step, all trained: transformers' train() would run one step more (a resumed epoch
         # checks max_steps only after a step), so only the weights and the state (its log history) are read back.

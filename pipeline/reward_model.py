@@ -25,6 +25,7 @@ from transformers import Trainer, TrainingArguments
 
 from models.factories import apply_lora
 from pipeline.config import PipelineConfig, RewardModelConfig
+from pipeline.dtypes import torch_dtype
 from pipeline.passthrough import checkpointing_defaults, device_defaults, rm_resumable
 from pipeline.problems import step_separator
 from pipeline.replay import ReplayBuffer
@@ -101,10 +102,12 @@ def load_scorer(kind: str, path: str | Path, rm: RewardModelConfig, batch_size: 
 
     A PRM's solution score aggregates its step scores by `rm.aggregation`. A checkpoint of another kind
     is refused (`pipeline.rm_kinds.loading.load_reward_model`'s `expect`), before any scoring. With `rm.exploit` the scorer is
-    the exploitable one (`ExploitedScorer`), so every phase that scores sees the same RM.
+    the exploitable one (`ExploitedScorer`), so every phase that scores sees the same RM. The weights load in
+    `rm.dtype` (`pipeline.dtypes`), or float32 for a kind that trains its model as it scores.
     """
     spec = rm_kind(kind)
-    model, tokenizer, _ = load_reward_model(path, expect=kind)
+    online = spec.updated_online is not None and spec.updated_online(rm)  # trained as it scores: float32 weights
+    model, tokenizer, _ = load_reward_model(path, expect=kind, dtype=torch.float32 if online else torch_dtype(rm.dtype))
     # A PRM is read in its checkpoint's layout whatever the config asks (one saved with none: the value head).
     layout = (reward_model_layout(path) or PrmLayout()) if rm_entry(kind).layouts else None
     scorer = spec.scorer(model, tokenizer, batch_size, with_layout(rm, layout))
@@ -246,7 +249,7 @@ def train_reward_model(
         task = prm_head(layout.head).lora_task_type if layout else spec.lora_task_type
         model = apply_lora(model, lo.r, lo.alpha, lo.dropout, lo.target_modules, task)
     defaults = {"report_to": report_to, **rm_resumable(rm.train_args), "seed": cfg.run.seed, "remove_unused_columns": False,
-                "run_name": f"{kind}-training", **device_defaults()}
+                "run_name": f"{kind}-training", **device_defaults(rm.dtype)}
     scratch = scratch_dir(out_dir)
     if spec.pairwise(cfg.reward_model):
         from trl import RewardConfig, RewardTrainer

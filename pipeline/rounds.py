@@ -22,7 +22,8 @@ from pipeline import tracking
 from pipeline.config import PipelineConfig
 from pipeline.launchers import LAUNCHERS
 from pipeline.phases import PHASES, Phase, PhaseResult, PhaseRuns, phase_line, recorded
-from pipeline.preflight import preflight, refuse_changed_config
+from pipeline.dtypes import MLFLOW_PARAMS, run_dtypes
+from pipeline.preflight import preflight, refuse_changed_config, refuse_changed_dtype
 from pipeline.registry import load_plugins, resolve
 from pipeline.rundir import Manifest, RunDir, keep_resumable, phase_key, read_json, run_lock, stop_if_told
 
@@ -87,14 +88,17 @@ def one_round(cfg: PipelineConfig, r: int):
 
 def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
     """Create the run directory's manifest, or check a resumed one against `cfg`; attach the parent MLflow run."""
-    current = cfg.model_dump(mode="json")
+    current, dtypes = cfg.model_dump(mode="json"), run_dtypes(cfg)
     try:
         manifest = Manifest.load(cfg.run_dir)
+        if not force:
+            refuse_changed_dtype(manifest, cfg)
     except FileNotFoundError:
         manifest = Manifest(cfg.run_dir, {"config": current, "phases": {}, "mlflow": {}})
     if not force:
         refuse_changed_config(manifest, cfg)
     manifest.data["config"] = current
+    manifest.set_dtypes(dtypes)
     experiment = tracking.connect(cfg.tracking.tracking_uri, cfg.tracking.experiment)
     manifest.data["experiment_id"] = experiment
     manifest.slot("parent")  # gives a new manifest its id: saved before any MLflow run a kill could leave unrecorded
@@ -103,7 +107,7 @@ def open_run(cfg: PipelineConfig, force: bool = False) -> Manifest:
     if parent is None or not tracking.run_exists(parent):
         parent = tracking.find_or_create_run(experiment, manifest.slot("parent"), cfg.run.name,
                                              tags={"igrpo.run_dir": str(cfg.run_dir.resolve())})
-        tracking.log_params(parent, tracking.flatten(current))
+        tracking.log_params(parent, {**tracking.flatten(current), **{MLFLOW_PARAMS[k]: v for k, v in dtypes.items()}})
         manifest.data["mlflow"]["parent"] = parent
     else:
         tracking.reopen(parent)  # resumed: it was ended KILLED (stopped) or FAILED
@@ -232,6 +236,8 @@ def launched(argv: list[str] | None = None) -> None:
     work_dir = Path(argv[0])
     request = read_json(work_dir / "request.json")
     cfg = config_from_dict(request["config"], check_trl=False)  # checked in full by the parent
+    with contextlib.suppress(FileNotFoundError):  # every process, on any node, runs in the dtypes the run records
+        refuse_changed_dtype(Manifest.load(cfg.run_dir), cfg)
     main_process = int(os.environ.get("RANK", "0")) == 0
     # Only the main process logs: its runs are made active around the trainers, as in the pipeline's process.
     runs = PhaseRuns(**request["runs"], logging=main_process)

@@ -96,6 +96,12 @@ def scratch_dir(out_dir: str | os.PathLike) -> Path:
     return Path(out_dir).parent / f".trainer-{Path(out_dir).name}"
 
 
+def online_reward_model_dir(policy_dir: str | os.PathLike, kind: str) -> Path:
+    """Where a GRPO phase whose policy goes to `policy_dir` saves the RM of `kind` it updated online (PRIME's implicit
+    PRM): beside the policy, named for it (`round-001/policy-online-implicit`)."""
+    return Path(policy_dir).parent / f"{Path(policy_dir).name}-online-{kind}"
+
+
 def last_checkpoint(scratch: str | Path) -> Path | None:
     """The newest whole `checkpoint-N` in `scratch`; half-written ones (a kill while saving) are deleted."""
     found = []
@@ -170,6 +176,7 @@ class RunDir:
 # ---------------------------------------------------------------------------------------------- manifest
 
 
+DTYPES = "dtype"  # the manifest's record of the dtypes the run runs in (`pipeline.dtypes.run_dtypes`)
 RELATIVE = "outputs_relative_to_run_dir"  # the manifest's mark that its outputs' paths are kept by `kept_path`
 
 
@@ -247,6 +254,15 @@ class Manifest:
 
     def save(self) -> None:
         write_json_atomic(self.path, self.data)
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """The dtypes the run runs in ({'policy': 'bfloat16', 'reward_model': ...}); {} in a manifest from before
+        they were recorded, when every model ran in float32."""
+        return dict(self.data.get(DTYPES) or {})
+
+    def set_dtypes(self, dtypes: dict[str, str]) -> None:
+        self.data[DTYPES] = dict(dtypes)
 
     def done(self, round_index: int, phase: str) -> bool:
         return phase_key(round_index, phase) in self.data["phases"]

@@ -22,7 +22,7 @@ import torch
 
 from pipeline.problems.base import Problem, ProblemSet
 from pipeline.rewards import RewardError
-from pipeline.rm_kinds.base import PrmLayout
+from pipeline.rm_kinds.base import AGGREGATIONS, PrmLayout
 from pipeline.rm_kinds.heads import StepReader
 from pipeline.steps import STEP_SEPARATOR, scored_step_ends
 
@@ -195,18 +195,13 @@ SEPARATOR_KEY = "igrpo_step_separator"  # the model config's key of `trained_sep
 
 
 def aggregate(step_scores: Sequence[float], how: str = "min") -> float:
-    """A solution's PRM score from its step scores (Math-Shepherd uses the minimum).
+    """A solution's PRM score from its step scores, by the entry `how` of `pipeline.rm_kinds.AGGREGATIONS`
+    (Math-Shepherd uses the minimum); an unknown one: the registry's error, listing the known ones.
 
     >>> aggregate([0.9, 0.5, 0.8]), aggregate([0.9, 0.5, 0.8], "last"), round(aggregate([0.5, 0.5], "product"), 2)
     (0.5, 0.8, 0.25)
     """
-    if how == "min":
-        return min(step_scores)
-    if how == "last":
-        return step_scores[-1]
-    if how == "product":
-        return math.prod(step_scores)
-    raise ValueError(f"aggregation must be one of min, last, product; got {how!r}")
+    return AGGREGATIONS[how].aggregate(step_scores)
 
 
 def _refuse_nonfinite(what: str, values, completions, sample: int | None = None) -> None:

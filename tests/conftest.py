@@ -351,10 +351,23 @@ def registries():
     (the config's `problems:` sections too)."""
     import tempfile
 
-    from pipeline import launchers, modes, phases, problems, registry, rewards, rm_kinds, step_rewards
+    from pipeline import (
+        collect_choices,
+        credit,
+        launchers,
+        modes,
+        phases,
+        problems,
+        registry,
+        rewards,
+        rm_kinds,
+        step_rewards,
+    )
 
     tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS, rm_kinds.PRM_HEADS,
-              phases.PHASES, launchers.LAUNCHERS, step_rewards.PROCESS_REWARDS, step_rewards.ORACLES)
+              phases.PHASES, launchers.LAUNCHERS, step_rewards.PROCESS_REWARDS, step_rewards.ORACLES, credit.CREDITS,
+              credit.BASELINES, credit.CENTRINGS, rm_kinds.AGGREGATIONS, collect_choices.STRATEGIES,
+              collect_choices.TASK_RUNNERS)
     before, loaded, modules = [dict(t) for t in tables], set(registry._loaded), set(sys.modules)
     yield
     for table, old in zip(tables, before):

@@ -248,7 +248,7 @@ def test_process_min_credit_rows_without_steps_and_the_eos():
     # Row 0: every token to the eos (6) sees the -0.9998 step ahead; token 7 is padding, 0.
     torch.testing.assert_close(adv[0], torch.tensor([-1 / 1.0002] * 7 + [0.0]), atol=1e-6, rtol=0)
     assert torch.equal(adv[1], torch.zeros(8)) and torch.equal(adv[2], torch.zeros(8))
-    with pytest.raises(ValueError, match="credit must be one of"):
+    with pytest.raises(ValueError, match="^unknown process credit 'max'; known: sum, min, step$"):
         process_advantages([[1.0]], [[0]], 2, 1, credit="max")
 
 
@@ -262,7 +262,7 @@ def test_process_position_baseline_worked_example():
     # Output 2 (ends 3, 7): -0.5771 - 0.7070 = -1.2841, then -0.7070; output 3 (end 4): 1.1543.
     torch.testing.assert_close(adv[1], torch.tensor([-1.2841] * 4 + [-0.7070] * 4 + [0.0] * 4), atol=1e-4, rtol=0)
     torch.testing.assert_close(adv[2], torch.tensor([1.1543] * 5 + [0.0] * 7), atol=1e-4, rtol=0)
-    with pytest.raises(ValueError, match="baseline must be one of"):
+    with pytest.raises(ValueError, match="^unknown process baseline 'step'; known: group, position$"):
         process_advantages(WORKED_REWARDS, WORKED_ENDS, 12, 3, baseline="step")
 
 
@@ -475,7 +475,7 @@ def test_centred_process_advantages_worked_example_and_loop_reference():
         fast = centred_advantages(adv, lengths, 4, over)
         assert torch.allclose(fast, _centred_loop(adv, lengths, 4, over), atol=1e-6)
         assert fast[2].abs().sum() == 0 and fast[1, 2:].abs().sum() == 0
-    with pytest.raises(ValueError, match="centring must be one of"):
+    with pytest.raises(ValueError, match="^unknown process centring 'token'; known: none, group, output$"):
         centred_advantages(adv, lengths, 4, "token")
 
 

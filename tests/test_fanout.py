@@ -98,8 +98,8 @@ def test_two_thread_workers_write_the_single_worker_shard(prefect_harness, tmp_p
 
 
 # An installed plugin that records, in each process that loads the plugins, the Ray node it runs on: Ray's workers
-# find it only on the path the pipeline's process gives them (`fanout.ray_init_kwargs`), and load it only if the
-# sample-shard task calls `load_plugins`. One file per worker process: NODE_ID-PID.
+# find it only on the path the pipeline's process gives them (`collect_choices.ray_init_kwargs`), and load it only if
+# the sample-shard task calls `load_plugins`. One file per worker process: NODE_ID-PID.
 WHERE = {"where_plugin/__init__.py": """import os
 import pathlib
 

@@ -231,6 +231,86 @@ def test_the_online_update_learns_from_a_batch_s_outcomes(tiny_policy_dir):
     assert scorer.update(["Q\n"], ["  "], [1.0]) is None  # nothing to learn from a blank completion
 
 
+def test_the_online_update_resumes_from_its_checkpointed_state_and_saves_as_an_implicit_prm(pair, tmp_path):
+    """Issue 57: the PRM PRIME updates goes into GRPO's checkpoints (`OnlineScorerState`: its weights and AdamW's
+    moments) and out with the phase (its `record`). A scorer restored after one update takes the second exactly as the
+    one never stopped (same tensors; a fresh AdamW would not: its first step is lr * sign(grad)), and the saved PRM is a
+    checkpoint of its kind that records the reference and beta it was loaded with."""
+    from pipeline.config import RewardModelConfig
+    from pipeline.grpo_trainer import OnlineScorerState
+    from pipeline.reward_model import load_scorer
+    from pipeline.rm_kinds.implicit import recorded
+    from pipeline.rm_kinds.loading import save_reward_model
+
+    phi_dir, ref_dir, _ = pair
+    rm = RewardModelConfig(kinds=["implicit"], implicit={"online_lr": 1e-2})
+    batch = (["What is 3+4?\n", "What is 3+4?\n"], ["3+4=7\nAnswer: 7", "3+4=8\nAnswer: 8"], [1.0, 0.0])
+    never_stopped, resumed = load_scorer("implicit", phi_dir, rm), load_scorer("implicit", phi_dir, rm)
+    never_stopped.update(*batch)
+    OnlineScorerState(never_stopped).save(tmp_path / "online_scorer.safetensors")  # GRPO's checkpoint after step 1
+    OnlineScorerState(resumed).load(tmp_path / "online_scorer.safetensors")
+    never_stopped.update(*batch), resumed.update(*batch)
+    a, b = never_stopped.model.state_dict(), resumed.model.state_dict()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    start = load_scorer("implicit", phi_dir, rm).model.state_dict()
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # it moved: the comparison above can fail
+
+    saved = save_reward_model(never_stopped.model, never_stopped.tokenizer, tmp_path / "online", "implicit",
+                              meta=never_stopped.record)  # as the GRPO phase saves it
+    assert recorded(saved)["reference"] == str(ref_dir) and recorded(saved)["beta"] == 0.5
+    again = load_scorer("implicit", saved, RewardModelConfig(kinds=["implicit"])).model.state_dict()
+    assert [k for k in a if not torch.equal(a[k], again[k])] == []
+
+
+def test_the_rm_phase_warm_starts_from_the_prm_grpo_updated_online():
+    """Round r's RM phase starts from round r-1's RMs, except the one round r's GRPO updated online (the policy
+    phase's `paths`: PRIME's implicit PRM), which carries those updates forward."""
+    from pipeline.phases import PHASES, PhaseResult
+
+    recorded = {(0, "reward_model"): PhaseResult({}, paths={"implicit": "r0/implicit", "orm": "r0/orm"}),
+                (1, "policy"): PhaseResult({}, path="r1/policy", paths={"implicit": "r1/policy-online-implicit"}),
+                (0, "policy"): PhaseResult({}, path="r0/policy")}
+    done = lambda r, name: recorded.get((r, name))  # noqa: E731
+    assert PHASES["reward_model"].inputs(done, 1)["previous"] == {"implicit": "r1/policy-online-implicit",
+                                                                   "orm": "r0/orm"}
+    assert PHASES["reward_model"].inputs(done, 0)["previous"] is None  # round 0: afresh, nothing updated online
+
+
+def test_a_scorer_without_prime_s_token_rewards_or_online_update_is_refused_at_load(registries):
+    """Issue 57: the exploitable RM (`reward_model.exploit`) and a kind without token rewards loaded, then died in
+    GRPO's first batch (an AttributeError), or, for the online update, silently never updated. A kind that declares
+    token rewards (`RMKindEntry.token_rewards`) can drive PRIME's credit."""
+    from pipeline.config import ConfigError
+    from pipeline.loading import config_from_dict
+    from pipeline.rm_kinds import RM_KINDS
+
+    prime = {"mode": "process", "process_reward_model": "implicit", "process_reward": "prime"}
+    exploit = {"pattern": "Answer", "bonus": 0.5}
+    base = {"collect": {"rollouts_per_step": 0}}
+    with pytest.raises(ConfigError, match=r"reward_model\.exploit: the exploitable RM raises step scores and gives no "
+                                          r"token rewards, which process_reward: prime reads"):
+        config_from_dict({**base, "supervision": prime, "reward_model": {"kinds": ["implicit"], "exploit": exploit}},
+                         check_trl=False)
+    with pytest.raises(ConfigError, match=r"reward_model\.implicit\.online_lr: the exploitable RM \(reward_model\."
+                                          r"exploit\) wraps the implicit PRM's scores and takes no online update"):
+        config_from_dict({**base, "supervision": {"mode": "process", "process_reward_model": "implicit"},
+                          "reward_model": {"kinds": ["implicit"], "exploit": exploit, "implicit": {"online_lr": 1e-6}}},
+                         check_trl=False)
+    with pytest.raises(ConfigError, match=r"supervision\.process_reward_model: 'prm' gives no token rewards, which "
+                                          r"process_reward: prime reads: use a kind that gives them \(implicit\)"):
+        config_from_dict({"supervision": {**prime, "process_reward_model": "prm"}}, check_trl=False)
+    RM_KINDS.register("plugin_prm", head="AutoModelForTokenClassification", scores_steps=True, mc_labels=False,
+                      implementation="pipeline.rm_kinds.prm:PRM")  # a plugin's kind, no token rewards
+    with pytest.raises(ConfigError, match="process_reward_model: 'plugin_prm' gives no token rewards"):
+        config_from_dict({**base, "supervision": {**prime, "process_reward_model": "plugin_prm"},
+                          "reward_model": {"kinds": ["plugin_prm"]}}, check_trl=False)
+    RM_KINDS.register("plugin_implicit", head="AutoModelForCausalLM", scores_steps=True, mc_labels=False,
+                      token_rewards=True, implementation="pipeline.rm_kinds.implicit:IMPLICIT")
+    cfg = config_from_dict({**base, "supervision": {**prime, "process_reward_model": "plugin_implicit"},
+                            "reward_model": {"kinds": ["plugin_implicit"]}}, check_trl=False)
+    assert cfg.supervision.process_reward_model == "plugin_implicit"
+
+
 def test_the_config_checks(tiny_dirs):
     from pipeline.config import ConfigError
     from pipeline.loading import config_from_dict
@@ -301,6 +381,11 @@ def test_two_rounds_of_process_supervision_from_the_implicit_prm(tmp_path, mlflo
         assert record["kind"] == "implicit" and record["reference"] == str(run.policy(0).resolve())
     assert "implicit/solution_auc" in manifest.output(1, "reward_model")["metrics"]
     assert manifest.output(1, "policy")["metrics"]  # GRPO ran in process mode on its step scores
+    # The PRM its online update left is kept with the phase, recorded for round 1's RM phase to warm-start from.
+    online = manifest.output(1, "policy")["paths"]["implicit"]
+    assert online == str(run.round(1) / "policy-online-implicit")
+    assert json.loads((run.round(1) / "policy-online-implicit" / "igrpo.json").read_text())["reference"] == str(
+        run.policy(0).resolve())
     from mlflow import MlflowClient
 
     logged = MlflowClient(mlflow_tmp).get_run(manifest.data["mlflow"]["round-001/policy"]).data.metrics

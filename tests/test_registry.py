@@ -10,7 +10,7 @@ import ast
 
 import pytest
 
-from pipeline import launchers, modes, phases, problems, rewards, rm_kinds, step_rewards
+from pipeline import collect_choices, credit, launchers, modes, phases, problems, rewards, rm_kinds, step_rewards
 from pipeline.registry import PluginError, Registry, load_plugins
 from tests.helpers import ROOT, plugin_distribution
 
@@ -24,6 +24,12 @@ TABLES = {  # what an entry is called -> (the registry, its built-in names in or
     "process reward": (step_rewards.PROCESS_REWARDS, "value, progress, prime"),
     "oracle": (step_rewards.ORACLES, "gold, mc"),
     "launcher": (launchers.LAUNCHERS, "local, accelerate, ray"),
+    "process credit": (credit.CREDITS, "sum, min, step"),
+    "process baseline": (credit.BASELINES, "group, position"),
+    "process centring": (credit.CENTRINGS, "none, group, output"),
+    "aggregation": (rm_kinds.AGGREGATIONS, "min, last, product"),
+    "collection strategy": (collect_choices.STRATEGIES, "exhaustive, first_error"),
+    "task runner": (collect_choices.TASK_RUNNERS, "thread, ray"),
 }
 
 
@@ -164,7 +170,10 @@ def test_a_kind_registered_from_a_test_file_reaches_every_module_that_imported_t
 
 # --- the config's choices are the tables' names -------------------------------------------------------------
 
-CHOICES = {"supervision.process_reward": "process reward", "reward_model.oracle": "oracle", "launcher.kind": "launcher"}
+CHOICES = {"supervision.process_reward": "process reward", "reward_model.oracle": "oracle", "launcher.kind": "launcher",
+           "supervision.process_credit": "process credit", "supervision.process_baseline": "process baseline",
+           "supervision.process_centring": "process centring", "reward_model.aggregation": "aggregation",
+           "collect.strategy": "collection strategy", "collect.task_runner": "task runner"}
 
 
 @pytest.mark.parametrize("field", CHOICES)
@@ -203,3 +212,37 @@ def test_a_process_reward_registered_from_a_test_file_makes_the_trainers_step_ad
     full, _ = PROCESS_REWARDS["value"].advantages(x)
     adv, figures = PROCESS_REWARDS[s.process_reward].advantages(x)
     assert torch.equal(adv, full / 2) and figures == {"halved": 1.0}
+
+
+def test_a_credit_registered_from_a_test_file_makes_the_process_advantages(registries):
+    # `process_advantages` reads the credit's entry, not an if-chain over the names: a credit registered from here
+    # (the last step's value on every token ahead of it, a made-up credit) is a choice of the config and is what
+    # the real function credits each token with.
+    import torch
+
+    from pipeline.advantages import process_advantages
+    from pipeline.loading import config_from_dict
+
+    def final(completion, end, value, batch_size, length):
+        out = torch.zeros(batch_size, length, dtype=torch.float64)  # (B, T)
+        for i, e, v in zip(completion.tolist(), end.tolist(), value.tolist()):
+            out[i, : e + 1] = v  # the later steps overwrite: each token keeps the last step's value
+        return out
+
+    credit.CREDITS.register("final", description="the last step's value", credited=final)
+    cfg = config_from_dict({"supervision": {"mode": "process", "process_credit": "final"}}, check_trl=False)
+    # One group of 2: steps [1, 0] (ends 1, 3) and [0] (end 2); mean 1/3, unbiased std 0.5774: normalised
+    # [1.1545, -0.5773] and [-0.5773]; every token of output 1 to its last step end gets -0.5773, of output 2 too.
+    adv = process_advantages([[1.0, 0.0], [0.0]], [[1, 3], [2]], 5, 2, credit=cfg.supervision.process_credit)
+    expected = torch.tensor([[-0.5773] * 4 + [0.0], [-0.5773] * 3 + [0.0] * 2])
+    torch.testing.assert_close(adv, expected, atol=1e-4, rtol=0)
+    assert adv.dtype == torch.float32  # the entry's (B, T), cast as the built-in credits' are
+
+
+def test_an_aggregation_registered_from_a_test_file_is_the_scorers(registries):
+    from pipeline.loading import config_from_dict
+    from pipeline.scorers import aggregate
+
+    rm_kinds.AGGREGATIONS.register("mean", description="the mean step score", aggregate=lambda s: sum(s) / len(s))
+    cfg = config_from_dict({"reward_model": {"aggregation": "mean"}}, check_trl=False)
+    assert aggregate([0.9, 0.5, 0.7], cfg.reward_model.aggregation) == pytest.approx(0.7)

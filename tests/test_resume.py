@@ -142,6 +142,48 @@ def test_grpo_killed_at_a_step_resumes_to_the_weights_of_an_uninterrupted_run(tm
     assert not scratch_dir(out).exists()
 
 
+def _prime_config(tmp_path) -> dict:
+    # `_grpo_config` under PRIME's credit (issue 57's repro, shrunk to the kills' size): the implicit PRM updated online
+    # on every generation batch (lr 1e-2: it moves at once), its token rewards and the verifier as the advantages.
+    return {**_grpo_config(tmp_path), "collect": {"rollouts_per_step": 0},
+            "supervision": {"mode": "process", "process_reward_model": "implicit", "process_reward": "prime"},
+            "reward_model": {"kinds": ["implicit"], "implicit": {"online_lr": 1e-2}}}
+
+
+@pytest.mark.slow  # two GRPO phases of 4 steps, one killed
+def test_grpo_under_prime_killed_at_a_step_resumes_to_the_policy_and_prm_of_an_uninterrupted_run(tmp_path, tiny_dirs,
+                                                                                               one_thread):
+    """The online-updated PRM is in GRPO's checkpoints and saved with the phase: SIGKILL as step 4 begins, the resume
+    from step 2's checkpoint ends with every tensor of the uninterrupted run's policy and PRM (before, the PRM restarted
+    un-updated, and it was not saved at all)."""
+    from models import char_tokenizer, load_policy
+    from pipeline.policy import run_policy_phase
+    from pipeline.problems import problem_set_from_config
+    from pipeline.rm_kinds.loading import save_reward_model
+
+    prm, _ = load_policy(str(tiny_dirs / "policy"))  # pi_phi = pi_ref at the start, as the RM phase makes it
+    implicit = save_reward_model(prm, char_tokenizer(), tmp_path / "implicit", "implicit",
+                                 meta={"reference": str(tiny_dirs / "policy"), "beta": 0.05})
+    data = _prime_config(tmp_path)
+    cfg = config_from_dict(data)
+    ps, policy, rms = problem_set_from_config(cfg), tiny_dirs / "policy", {"implicit": str(implicit)}
+    ref = run_policy_phase(cfg, ps, policy, tmp_path / "ref" / "policy", 1, rms)
+    assert set(ref.online_reward_models) == {"implicit"}
+    with pytest.raises(AssertionError):  # the PRM was updated: the comparison below can fail
+        _assert_same_weights(implicit, ref.online_reward_models["implicit"])
+
+    out = tmp_path / "run" / "policy"
+    proc = _killed(tmp_path, "grpo", data, {"policy": str(policy), "out": str(out), "rms": rms}, 3, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    checkpoint = last_checkpoint(scratch_dir(out))
+    assert checkpoint.name == "checkpoint-2" and (checkpoint / "online_scorer.safetensors").is_file()
+    res = run_policy_phase(cfg, ps, policy, out, 1, rms)
+    _assert_same_weights(ref.policy_path, res.policy_path)
+    _assert_same_weights(ref.online_reward_models["implicit"], res.online_reward_models["implicit"])
+    assert res.online_reward_models["implicit"] == out.parent / "policy-online-implicit"
+    assert res.metrics == ref.metrics
+
+
 def _prm_rows(cfg) -> list[dict]:
     from pipeline.problems import problem_set_from_config
     from pipeline.problems.arithmetic import answer_slip
@@ -233,6 +275,30 @@ def test_half_written_checkpoints_and_empty_scratch_are_dropped(tmp_path):
     keep_resumable(round_dir)
     assert last_checkpoint(whole).name == "checkpoint-2" and not (whole / "checkpoint-4").exists()
     assert not half.exists() and not empty.exists()
+
+
+def test_a_checkpoint_cut_before_a_checkpointed_state_was_saved_is_not_resumed(tmp_path, caplog):
+    """transformers writes a checkpoint's trainer state, then `on_save` runs: a kill between them leaves a checkpoint
+    whole to `last_checkpoint` but without what a `CheckpointedState` (PRIME's online PRM) writes. It is deleted, and
+    the one before it, whole, is resumed; with none, the phase starts over rather than resume an un-updated PRM."""
+    from pipeline.resume import CheckpointedState, resumable_checkpoint
+
+    class Prm(CheckpointedState):
+        name = "online_scorer.safetensors"
+
+    scratch = tmp_path / ".trainer-policy"
+    for step in (2, 4):
+        (scratch / f"checkpoint-{step}").mkdir(parents=True)
+        (scratch / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (scratch / "checkpoint-2" / "online_scorer.safetensors").write_bytes(b"")  # checkpoint-4: cut before on_save
+    with caplog.at_level("WARNING", logger="pipeline.resume"):
+        assert resumable_checkpoint(scratch, [Prm()]).name == "checkpoint-2"
+    assert not (scratch / "checkpoint-4").exists() and "without online_scorer.safetensors" in caplog.text
+    (scratch / "checkpoint-2" / "online_scorer.safetensors").unlink()
+    assert resumable_checkpoint(scratch, [Prm()]) is None and last_checkpoint(scratch) is None
+    (scratch / "checkpoint-6").mkdir()
+    (scratch / "checkpoint-6" / "trainer_state.json").write_text("{}")
+    assert resumable_checkpoint(scratch, []).name == "checkpoint-6"  # no such state: transformers' own checkpoints
 
 
 class _State:

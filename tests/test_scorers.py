@@ -32,7 +32,7 @@ def test_aggregate():
     assert aggregate([0.9, 0.5, 0.8]) == 0.5
     assert aggregate([0.9, 0.5, 0.8], "last") == 0.8
     assert aggregate([0.5, 0.5, 0.5], "product") == pytest.approx(0.125)
-    with pytest.raises(ValueError, match="aggregation must be one of min, last, product; got 'mean'"):
+    with pytest.raises(ValueError, match="^unknown aggregation 'mean'; known: min, last, product$"):
         aggregate([0.5], "mean")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from pipeline.modes import step_reward_modes, supervision_mode
 from pipeline.problems import PROBLEM_SETS
 from pipeline.rm_kinds.base import (
+    AGGREGATIONS,
     PRM_HEADS,
     RM_KINDS,
     PrmHead,
@@ -36,13 +37,15 @@ from pipeline.rm_kinds.base import (
     rm_entry,
     rm_kind,
     step_kinds,
+    token_reward_kinds,
 )
 from pipeline.rm_kinds.sections import ImplicitSection, OrmSection, check_implicit, check_orm
 from pipeline.step_rewards import ORACLES, PROCESS_REWARDS
 
 __all__ = [
-    "PRM_HEADS", "RM_KINDS", "PrmHead", "PrmLayout", "RMKindEntry", "RewardModelKind", "check_kinds", "check_layout",
+    "AGGREGATIONS", "PRM_HEADS", "RM_KINDS", "PrmHead", "PrmLayout", "RMKindEntry", "RewardModelKind", "check_kinds", "check_layout",
     "head_math", "layout_kinds", "layout_of", "mc_label_kinds", "prm_head", "rm_entry", "rm_kind", "step_kinds",
+    "token_reward_kinds",
 ]
 
 
@@ -96,7 +99,7 @@ RM_KINDS.update({
         training="BCE of sigmoid(beta log pi/pi_ref) on the verifier's outcomes: no step labels, no MC rollouts",
         use="process or hybrid mode without Monte-Carlo labelling; PRIME's credit; scoring costs two LM forwards "
             "([docs](docs/reward-models.md#the-implicit-prm))",
-        mc_labels=False, config=ImplicitSection, check=check_implicit),
+        mc_labels=False, token_rewards=True, config=ImplicitSection, check=check_implicit),
 })
 
 PRM_HEADS.update({
@@ -149,6 +152,7 @@ def check_kinds(cfg: Any) -> None:
         if not rm_entry(step_rm).scores_steps:
             raise ValueError(f"supervision.process_reward_model: {step_rm!r} scores whole solutions, not steps; "
                              f"give a kind that scores steps: {', '.join(step_kinds())}")
+        _check_token_rewards(cfg)
     needs_mc = [kind for kind in kinds if kind in mc_label_kinds()]
     if cfg.collect.rollouts_per_step == 0 and needs_mc:
         others = [k for k in RM_KINDS if k not in mc_label_kinds()]
@@ -160,6 +164,24 @@ def check_kinds(cfg: Any) -> None:
         if RM_KINDS[kind].check:
             RM_KINDS[kind].check(cfg)
     _check_oracle(cfg)
+
+
+def _check_token_rewards(cfg: Any) -> None:
+    """PRIME's credit reads the step scorer's token rewards: its kind must give them (`RMKindEntry.token_rewards`), and
+    the exploitable RM (`reward_model.exploit`), which raises step scores only, gives none. (Without them GRPO's first
+    batch failed with an AttributeError.) An oracle in its place is `_check_oracle`'s."""
+    reward, step_rm, rm = cfg.supervision.process_reward, cfg.supervision.process_reward_model, cfg.reward_model
+    if not PROCESS_REWARDS[reward].token_rewards or rm.oracle is not None:
+        return
+    steps = " or ".join(n for n, e in PROCESS_REWARDS.items() if not e.token_rewards)
+    if not rm_entry(step_rm).token_rewards:
+        raise ValueError(f"supervision.process_reward_model: {step_rm!r} gives no token rewards, which process_reward: "
+                         f"{reward} reads: use a kind that gives them ({', '.join(token_reward_kinds())}), or "
+                         f"process_reward: {steps}")
+    if rm.exploit is not None:
+        raise ValueError(f"reward_model.exploit: the exploitable RM raises step scores and gives no token rewards, "
+                         f"which process_reward: {reward} reads: drop reward_model.exploit, or use process_reward: "
+                         f"{steps}")
 
 
 def _check_unused_sections(cfg: Any) -> None:

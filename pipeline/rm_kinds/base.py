@@ -6,6 +6,7 @@ the modules that read them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,9 @@ class RewardModelKind:
             loss needs from outside the trained model, what the checkpoint's `igrpo.json` records beside its kind);
             None: the examples as they are, nothing more recorded. The implicit PRM's: its reference model's
             log-probabilities, and which reference (`pipeline/rm_kinds/implicit.py`).
+        updated_online: (`reward_model:` config) -> True where its scorer trains the model as it scores (the
+            implicit PRM's online update): the model then loads in float32 whatever `reward_model.dtype` says, as
+            training keeps float32 weights; None: never.
     """
 
     examples: Callable[[list[dict], Any, Any], list[dict]]
@@ -52,6 +56,7 @@ class RewardModelKind:
     loss_is_mean: bool = False
     collate: Callable[[int], Callable] | None = None
     prepare: Callable[[list[dict], str, bool, Any], tuple[list[dict], dict]] | None = None
+    updated_online: Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +77,9 @@ class RMKindEntry:
             rollouts) is refused while it is in `reward_model.kinds`.
         layouts: its model takes a PRM head layout (`reward_model.head`, `step_tag`, `label_tokens`, `init`;
             `PRM_HEADS`), recorded in its checkpoint.
+        token_rewards: its scorer also gives per-token rewards (`scorer.token_rewards`), which PRIME's credit
+            (`supervision.process_reward: prime`, `pipeline.step_rewards.PROCESS_REWARDS`) reads: only a kind with
+            them can be the step scorer there (the implicit PRM's).
         config: its own config section, `reward_model.<kind>` (a `KindSection`); None: none.
         check: (the whole `PipelineConfig`) -> None, raising ValueError that names the field and says the fix;
             run at load while the kind is in `reward_model.kinds`.
@@ -85,6 +93,7 @@ class RMKindEntry:
     use: str = ""
     mc_labels: bool = True
     layouts: bool = False
+    token_rewards: bool = False
     config: type[KindSection] | None = None
     check: Callable[[Any], None] | None = None
 
@@ -117,6 +126,11 @@ def step_kinds() -> list[str]:
     return [name for name, e in RM_KINDS.items() if e.scores_steps]
 
 
+def token_reward_kinds() -> list[str]:
+    """The kinds whose scorers also give per-token rewards (`RMKindEntry.token_rewards`: PRIME's credit reads them)."""
+    return [name for name, e in RM_KINDS.items() if e.token_rewards]
+
+
 @dataclass(frozen=True)
 class PrmHead:
     """One published layout of a PRM's head: where a step's score is read and how (REFERENCE, "Step-tag PRMs").
@@ -143,6 +157,27 @@ class PrmHead:
 
 
 PRM_HEADS: Registry[PrmHead] = Registry("PRM head", PrmHead)  # built-ins: `__init__.py`
+
+
+@dataclass(frozen=True, kw_only=True)
+class Aggregation:
+    """How a solution's score comes from its step scores (`AGGREGATIONS.register(NAME, description=...,
+    aggregate=...)`), the choices of `reward_model.aggregation`.
+
+    Attributes:
+        description: what the solution's score is, for the docs.
+        aggregate: (a solution's step scores, at least one) -> its score.
+    """
+
+    description: str
+    aggregate: Callable[[Sequence[float]], float]
+
+
+AGGREGATIONS: Registry[Aggregation] = Registry("aggregation", Aggregation, {
+    "min": Aggregation(description="the weakest step's score (Math-Shepherd)", aggregate=min),
+    "last": Aggregation(description="the last step's score", aggregate=lambda step_scores: step_scores[-1]),
+    "product": Aggregation(description="the product of the step scores", aggregate=math.prod),
+})
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.rm_kinds import RM_KINDS, check_layout, prm_head
+from pipeline.dtypes import DtypeSetting
+from pipeline.rm_kinds import AGGREGATIONS, RM_KINDS, check_layout, prm_head
 from pipeline.sections import LoraSection, Section
 from pipeline.step_rewards import ORACLES
 
@@ -41,7 +42,9 @@ class RewardModelSection(Section):
 
     kinds: list[str] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
     target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")
-    aggregation: Literal["min", "last", "product"] = Field("min", description="A solution's PRM score from its steps.")
+    aggregation: str = Field("min", description=(
+        "A solution's PRM score from its step scores (pipeline.rm_kinds AGGREGATIONS): the minimum (Math-Shepherd), "
+        "the last step's, or their product."))
     replay_fraction: float = Field(0.1, ge=0, le=1, description="Share of the historical shards replayed in each retraining.")
     warm_start: bool = Field(True, description="Start each round from the previous round's RM.")
     model: str | None = Field(None, description=(
@@ -60,6 +63,11 @@ class RewardModelSection(Section):
         "Share of the new shard held out to evaluate the RM (below 1: at 1 no new row would train the RMs)."))
     train_args: dict[str, Any] = Field(default_factory=dict, description="Passed to transformers' TrainingArguments.")
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter on the RM (merged on save).")
+    dtype: DtypeSetting = Field("float32", description=(
+        "The RMs' precision (pipeline/dtypes.py), as policy.dtype is the policy's: bfloat16 loads them in bf16 to "
+        "score (GRPO, evaluation, held-out metrics, an implicit PRM's reference) and trains them under bf16 autocast "
+        "over float32 weights; auto: bfloat16 where the hardware has bf16, float32 elsewhere. An implicit PRM updated "
+        "online (implicit.online_lr) keeps float32 weights."))
     head: str = Field("value", description=(
         "The PRM's head layout (pipeline/rm_kinds PRM_HEADS; docs/reward-models.md): value (one logit at each step's "
         "closing newline), label_tokens (Math-Shepherd: a causal LM, P(label_tokens[0]) against [1] at a step_tag "
@@ -91,6 +99,12 @@ class RewardModelSection(Section):
     def _known_kinds(cls, v: list[str]) -> list[str]:
         for kind in v:
             RM_KINDS[kind]  # an unknown one: the registry's error, listing the known ones
+        return v
+
+    @field_validator("aggregation")
+    @classmethod
+    def _known_aggregation(cls, v: str) -> str:
+        AGGREGATIONS[v]  # an unknown one: the registry's error, listing the known ones
         return v
 
     @field_validator("oracle")

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from models.factories import checkpoint_record, load_policy
+from pipeline.dtypes import torch_dtype
 from pipeline.rm_kinds.base import RewardModelKind
 from pipeline.rm_kinds.prm import prm_metrics
 from pipeline.scorers import StepScorer, _refuse_nonfinite, trained_separator
@@ -142,7 +143,7 @@ def with_reference(examples: list[dict], start: str, warm: bool, rm, batch_size:
 
 
     reference = reference_spec(start, warm)
-    model, _ = load_policy(reference)
+    model, _ = load_policy(reference, torch_dtype(rm.dtype))  # frozen: reward_model.dtype
     device = PartialState().device  # this process's device, also under `accelerate launch`
     model.to(device).eval()
     for s in range(0, len(examples), batch_size):
@@ -188,10 +189,11 @@ class ImplicitPrmScorer(StepScorer):
     a step's score is sigmoid(V_k) at its end token (module docstring), a solution's the `aggregation` of them."""
 
     def __init__(self, model, reference, tokenizer, batch_size: int = 64, beta: float = 0.05,
-                 aggregation: str = "min", online_lr: float | None = None):
+                 aggregation: str = "min", online_lr: float | None = None, record: dict | None = None):
         self.model, self.reference = model.eval(), reference.eval()
         self.tokenizer, self.batch_size, self.beta, self.aggregation = tokenizer, batch_size, beta, aggregation
         self.online_lr, self._optimizer = online_lr, None  # `update` (PRIME's online update) where set
+        self.record = record or {"beta": beta}  # what its checkpoint's igrpo.json records (reference, beta)
         self.separator = trained_separator(model)  # the steps it was trained on (the reward-model phase records them)
 
     def update(self, prompts: Sequence[str], completions: Sequence[str], outcomes: Sequence[float]) -> float | None:
@@ -210,16 +212,33 @@ class ImplicitPrmScorer(StepScorer):
         for i, e in enumerate(examples):
             completion[i, e["first"] : e["last"] + 1] = 1.0
         outcome = torch.tensor([e["labels"] for e in examples], device=device)  # (B,)
-        if self._optimizer is None:
-            self._optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.online_lr)
         self.model.train()
         loss = implicit_loss(self.model(input_ids=ids, attention_mask=mask), (outcome, ids, ref, completion),
                              beta=self.beta)
         loss.backward()
-        self._optimizer.step()
-        self._optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         return float(loss.detach())
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The online update's AdamW, made on first use."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.online_lr)
+        return self._optimizer
+
+    def online_state(self) -> dict:
+        """What the online update has changed: the model's weights and the optimizer's state (None before the first
+        update), for GRPO's in-phase checkpoints (`grpo_trainer.OnlineScorerState`)."""
+        return {"model": self.model.state_dict(),
+                "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None}
+
+    def load_online_state(self, state: dict) -> None:
+        """Back to an `online_state`: the run resumed from a checkpoint goes on as the one never stopped."""
+        self.model.load_state_dict(state["model"])
+        if state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def _rewards(self, prompts: Sequence[str], completions: Sequence[str]):
         """Yield, for each (prompt, completion), its token rewards r_t (T,), its offsets and its first completion
@@ -262,9 +281,10 @@ def checkpoint_scorer(model, tokenizer, batch_size: int, rm) -> ImplicitPrmScore
     """The scorer of a loaded implicit PRM checkpoint, with the reference and beta its igrpo.json records."""
 
     meta = recorded(model.name_or_path)  # from_pretrained keeps the directory it loaded from
-    reference, _ = load_policy(meta["reference"])
+    reference, _ = load_policy(meta["reference"], torch_dtype(rm.dtype))  # frozen: reward_model.dtype
     return ImplicitPrmScorer(model, reference, tokenizer, batch_size, meta.get("beta", rm.implicit.beta),
-                             rm.aggregation, rm.implicit.online_lr)
+                             rm.aggregation, rm.implicit.online_lr,
+                             {k: v for k, v in meta.items() if k in ("reference", "beta")})
 
 
 def implicit_metrics(scorer: ImplicitPrmScorer, rows: list[dict]) -> dict[str, float]:
@@ -284,4 +304,5 @@ IMPLICIT = RewardModelKind(
     loss_is_mean=True,
     collate=implicit_collate,
     prepare=with_reference,
+    updated_online=lambda rm: rm.implicit.online_lr is not None,
 )

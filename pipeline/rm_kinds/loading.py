@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from models.factories import add_tokens, checkpoint_record, load_checkpoint, model_from_policy, resolve_spec, save_model
@@ -87,8 +88,9 @@ def kind_name(kind: str) -> str:
 
 
 def load_reward_model(path: str | os.PathLike, expect: str | None = None, layout: PrmLayout | None = None,
-                      ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
-    """Load a saved reward model as its kind; `expect` (a kind) refuses another kind with a clear error.
+                      dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """Load a saved reward model as its kind, its weights in `dtype` (float32 to train; `reward_model.dtype` to
+    score); `expect` (a kind) refuses another kind with a clear error.
 
     A PRM loads in the layout its checkpoint records; `layout` is the one to take where it records none (a
     published PRM, `reward_model.init`: then it is `expect`'s kind, whatever its architecture). A local path or a
@@ -100,7 +102,7 @@ def load_reward_model(path: str | os.PathLike, expect: str | None = None, layout
     if expect is not None and kind != expect:
         raise ValueError(f"{path}: is {kind_name(kind)} but {kind_name(expect)} is needed here")
     layout = reward_model_layout(resolved) or layout
-    model, tokenizer = load_checkpoint(path, model_class(kind, layout))
+    model, tokenizer = load_checkpoint(path, model_class(kind, layout), dtype)
     return model, tokenizer, kind
 
 

@@ -42,8 +42,8 @@ class ImplicitSection(KindSection):
     online_lr: float | None = Field(None, gt=0, description=(
         "As the step scorer of process or hybrid mode: PRIME's online update, one AdamW step at this learning rate "
         "(PRIME: 1e-6) on every GRPO training batch with its verifier outcomes, before the batch's steps are scored; "
-        "within the GRPO phase only (the round's RM phase retrains as usual), one process only. None: no online "
-        "update."))
+        "the PRM it leaves is saved with the phase and warm-starts the round's RM phase, one process only. None: no "
+        "online update."))
 
 
 def check_implicit(cfg) -> None:
@@ -54,6 +54,9 @@ def check_implicit(cfg) -> None:
             raise ValueError("reward_model.implicit.online_lr updates the implicit PRM that gives GRPO its step "
                              "rewards: it needs a mode with step rewards and supervision.process_reward_model: "
                              "implicit (no oracle); drop it otherwise")
+        if rm.exploit is not None:  # its wrapper scores only: GRPO would go on with a PRM never updated
+            raise ValueError("reward_model.implicit.online_lr: the exploitable RM (reward_model.exploit) wraps the "
+                             "implicit PRM's scores and takes no online update: drop one of them")
         if not LAUNCHERS[cfg.launcher.kind].in_process:
             raise ValueError("reward_model.implicit.online_lr: the online update runs in one process (each process "
                              "would update its own copy); use launcher.kind: local, or drop it")
