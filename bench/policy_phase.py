@@ -9,6 +9,9 @@ its spread (min-max). Goals (issue 49): b/a <= 1.02, c/a <= 1.05.
 `--passk K` adds (d), ours in passk mode with k = K, and its ratio to outcome mode in the same repeat (issue 59:
 d/b <= 1.02; passk only transforms the verifier's rewards):
   python -m bench.policy_phase --passk 4
+The PRM runs as the policy phase runs it (`load_scorer`: in `reward_model.dtype`, a GRPO micro-batch a forward);
+process mode under bf16 where the CPU has it (issue 58, point 4):
+  python -m bench.policy_phase --set policy.dtype=auto --set reward_model.dtype=auto
 Another config (a real model, on a GPU when there is one) and TRL's vLLM generation beside HF generate:
   python -m bench.policy_phase --config configs/smollm2-gsm8k.yaml --set grpo.max_completion_length=128 --vllm
 The cost of checkpointing (resuming inside a phase): a whole GRPO phase of the config (its grpo.max_steps) in
@@ -32,15 +35,16 @@ from bench._common import CACHE, StepTimes, bootstrapped_policy, quickstart, spr
 from models import save_model
 from models.factories import load_tokenizer
 from pipeline.config import PasskConfig
+from pipeline.dtypes import machine_dtype
 from pipeline.loading import load_config
 from pipeline.passthrough import grpo_config
 from pipeline.grpo_trainer import ProcessGRPOTrainer
-from pipeline.policy import build_reward_funcs, policy_peft_config, round_prompts
+from pipeline.policy import build_reward_funcs, policy_peft_config, round_prompts, scoring_batch_size
 from pipeline.problems import problem_set_from_config
 from pipeline.prompts import renderer_from_config
+from pipeline.reward_model import load_scorer
 from pipeline.rewards import verifier_reward
 from pipeline.rm_kinds.loading import reward_model_from_policy
-from pipeline.scorers import PrmScorer
 
 
 def main() -> None:
@@ -86,12 +90,10 @@ def main() -> None:
                 mode = supervision
             funcs, _ = build_reward_funcs(cfg.model_copy(update={"supervision": supervision}), ps, {})
             prm = None
-            if kind == "process":
-                from pipeline.rm_kinds.loading import load_reward_model
-
-                m, t, _ = load_reward_model(prm_path, expect="prm")
-                m = m.to(args.device)  # beside the policy (a GPU when there is one)
-                prm = PrmScorer(m, t, batch_size=cfg.collect.batch_size)
+            if kind == "process":  # as the policy phase loads it: reward_model.dtype, a GRPO batch a forward
+                batch = scoring_batch_size(cfg.collect.batch_size, args.per_device_train_batch_size)
+                prm = load_scorer("prm", prm_path, cfg.reward_model, batch_size=batch)
+                prm.model.to(args.device)  # beside the policy (a GPU when there is one)
             trainer = ProcessGRPOTrainer(model=str(policy), reward_funcs=funcs, args=args, train_dataset=data,
                                          processing_class=tok, callbacks=[timer], prm_scorer=prm, supervision=mode,
                                          peft_config=peft)
@@ -136,6 +138,8 @@ def report(times: dict[str, list[float]], a, args, cfg) -> None:
         print(f"(d) bare TRL, vLLM colocate         : {statistics.median(times['bare-vllm']) * 1000:8.1f} ms/step   "
               f"a/d = {spread(ratios)}  (HF generate / vLLM)")
     lo = cfg.policy.lora
+    print(f"dtypes: policy {cfg.policy.dtype} -> {machine_dtype(cfg.policy.dtype)}, reward_model "
+          f"{cfg.reward_model.dtype} -> {machine_dtype(cfg.reward_model.dtype)}")
     print(f"device: {args.device}, model: {cfg.policy.model}, completions up to {args.max_completion_length} tokens, "
           f"LoRA: {f'r={lo.r} on {lo.target_modules}' if lo else 'none'}, torch threads: {torch.get_num_threads()}")
 

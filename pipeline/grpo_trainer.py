@@ -154,7 +154,9 @@ class ProcessGRPOTrainer(GRPOTrainer):
     `reward_std` stay the outcome rewards'.
 
     A step scorer with an `online_lr` (the implicit PRM with `reward_model.implicit.online_lr`, PRIME) first takes one
-    update on each training batch's completions and verifier outcomes (`update`), then scores them; its weights and
+    update on each training batch's completions and verifier outcomes (`update`), then scores them with the updated
+    weights (PRIME's order): the frozen reference's forward is shared by the two (one a batch: the scorer keeps the
+    update's log-probs), the model's is not (the update's is of the weights before its step); its weights and
     optimizer go into the trainer's checkpoints and come back on resume (`OnlineScorerState`).
 
     Args:

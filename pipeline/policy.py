@@ -82,13 +82,16 @@ def run_policy_phase(
     A step scorer updated online (`reward_model.implicit.online_lr`, PRIME) is in GRPO's checkpoints, and saved with
     the phase beside the policy (`online_reward_model_dir`, the result's `online_reward_models`).
     """
-    # Reward models first: a wrong path or a wrong kind fails before any training.
-    scorers = {}
+    weights = list(active_rewards(cfg.supervision.mode, cfg.supervision.rewards).values())  # build_reward_funcs'
+    args = grpo_config(cfg, str(scratch_dir(out_dir)), reward_weights=weights, report_to=report_to,
+                       seed=cfg.run.seed + round_index, run_name=f"grpo-round-{round_index}")
+    # Reward models next: a wrong path or a wrong kind fails before any training.
+    scorers, batch = {}, scoring_batch_size(cfg.collect.batch_size, args.per_device_train_batch_size)
     for kind, why in reward_models_needed(cfg).items():
         if (reward_models or {}).get(kind) is None:
             raise ValueError(f"{why} needs {kind_name(kind)}: give --reward-model PATH")
-        scorers[kind] = load_scorer(kind, reward_models[kind], cfg.reward_model, batch_size=cfg.collect.batch_size)
-    funcs, weights = build_reward_funcs(cfg, problem_set, scorers)
+        scorers[kind] = load_scorer(kind, reward_models[kind], cfg.reward_model, batch_size=batch)
+    funcs, _ = build_reward_funcs(cfg, problem_set, scorers)
     tokenizer = load_tokenizer(str(policy_path))
     data = round_prompts(problem_set, cfg.supervision.prompts_per_round, cfg.run.seed, round_index,
                          renderer=renderer_from_config(cfg, tokenizer))
@@ -96,9 +99,6 @@ def run_policy_phase(
     check_step_separator(prm, problem_set)
 
     peft_config = policy_peft_config(cfg)
-
-    args = grpo_config(cfg, str(scratch_dir(out_dir)), reward_weights=weights, report_to=report_to,
-                       seed=cfg.run.seed + round_index, run_name=f"grpo-round-{round_index}")
     trainer = ProcessGRPOTrainer(
         model=str(policy_path), reward_funcs=funcs, args=args, train_dataset=data,
         processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
@@ -116,6 +116,19 @@ def run_policy_phase(
         online[kind] = save_reward_model(prm.model, prm.tokenizer, online_reward_model_dir(out_dir, kind), kind,
                                          meta=prm.record)  # the reference and beta it was loaded with
     return PolicyPhaseResult(Path(out_dir), policy_metrics(trainer.state.log_history), online)
+
+
+def scoring_batch_size(collect_batch: int, grpo_batch: int) -> int:
+    """Sequences per forward of the GRPO phase's reward models (the PRM scoring a batch's steps, PRIME's implicit PRM,
+    an ORM reward): a GRPO micro-batch's completions (`grpo_batch`: `per_device_train_batch_size`, the rows TRL's own
+    forwards of the policy take, so one padded forward of them fits where TRL's does) in one padded forward, or
+    collection's batch (`collect.batch_size`) where it is larger. With `steps_per_generation` 1 (the default: no
+    gradient accumulation) that is the whole of a step's completions on the process.
+
+    >>> scoring_batch_size(16, 64), scoring_batch_size(128, 64)
+    (64, 128)
+    """
+    return max(collect_batch, grpo_batch)
 
 
 def step_scorer(cfg: PipelineConfig, problem_set: ProblemSet, data: Dataset, tokenizer,

@@ -392,3 +392,94 @@ def test_two_rounds_of_process_supervision_from_the_implicit_prm(tmp_path, mlflo
     assert math.isfinite(logged["process/online_loss"])  # PRIME's update ran on the batches, and a user sees it
     figures = read_json(run.eval_json(1))["metrics"]
     assert {"bon/implicit@2", "bon/implicit_vote@4", "eval/implicit_step_auc_gold"} <= set(figures)
+
+
+# --- PRIME's cost (issue 58, point 3): the reference once a batch, the reference in bf16 --------------------
+
+PRIME_BATCH = (["What is 3+4?\n", "What is 3+4?\n", "What is 12-5?\n"],
+               ["3+4=7\nAnswer: 7", "3+4=8\nAnswer: 8", "12-5=7\n7+0=7\nAnswer: 7\n"], [1.0, 0.0, 1.0])
+
+
+def _forward_counter(model) -> list[int]:
+    """A list whose one item counts `model`'s forward calls from now on."""
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_prime_runs_the_reference_once_a_batch_and_scores_as_its_own_forward_did(pair):
+    """`update` keeps the frozen reference's log-probs of the batch it read; the scoring after it (token rewards and
+    step scores, as GRPO reads them) reads them instead of a second reference forward. Against a twin whose kept
+    log-probs are dropped before scoring (the path before issue 58: a second reference forward), the updated weights
+    are the same tensors and the scores the same to 1e-6. The model's own forward is not shared: scoring runs the
+    updated weights (one more forward of the model), which is what PRIME scores with."""
+    from pipeline.config import RewardModelConfig
+    from pipeline.reward_model import load_scorer
+
+    phi_dir, _, _ = pair
+    rm = RewardModelConfig(kinds=["implicit"], implicit={"online_lr": 1e-2})
+    shared, twin = load_scorer("implicit", phi_dir, rm), load_scorer("implicit", phi_dir, rm)
+    reference_calls, model_calls = _forward_counter(shared.reference), _forward_counter(shared.model)
+    prompts, completions, outcomes = PRIME_BATCH
+    shared.update(prompts, completions, outcomes)
+    got = (shared.token_rewards(prompts, completions), shared.step_scores(prompts, completions))
+    assert reference_calls == [1]  # the update's, read twice after it
+    assert model_calls == [3]  # the update's (the weights before its step), then one per scoring call (after it)
+
+    twin.update(prompts, completions, outcomes)
+    twin._reference_logprobs.clear()  # as before: the scoring runs the reference again
+    want = (twin.token_rewards(prompts, completions), twin.step_scores(prompts, completions))
+    a, b = shared.model.state_dict(), twin.model.state_dict()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    for (chars, rewards), (want_chars, want_rewards) in zip(got[0], want[0]):
+        assert chars == want_chars and rewards == pytest.approx(want_rewards, abs=1e-6)
+    assert got[1] == [pytest.approx(w, abs=1e-6) for w in want[1]]
+    assert max(abs(r) for _, rs in got[0] for r in rs) > 1e-4  # two different models: the comparison can fail
+
+    # The next batch's update replaces what was kept: a sequence only the last batch had is read again.
+    shared.update(prompts[:1], completions[:1], outcomes[:1])
+    shared.step_scores(prompts[1:2], completions[1:2])
+    assert reference_calls == [3]
+
+
+def test_a_row_the_update_skipped_is_read_by_its_own_reference_forward(pair):
+    """A blank completion (only whitespace) takes no update (nothing to learn from) but is scored: its reference
+    log-probs come from a forward of that row alone, and its score is the one a forward of the whole batch gives."""
+    from pipeline.config import RewardModelConfig
+    from pipeline.reward_model import load_scorer
+
+    phi_dir, _, _ = pair
+    scorer = load_scorer("implicit", phi_dir, RewardModelConfig(kinds=["implicit"], implicit={"online_lr": 1e-2}))
+    calls = _forward_counter(scorer.reference)
+    prompts, completions, outcomes = ([*PRIME_BATCH[0], "Q\n"], [*PRIME_BATCH[1], "  "], [*PRIME_BATCH[2], 0.0])
+    scorer.update(prompts, completions, outcomes)
+    got = scorer.step_scores(prompts, completions)
+    assert calls == [2]  # the update's batch, then the blank row alone
+    scorer._reference_logprobs.clear()
+    assert got == [pytest.approx(w, abs=1e-6) for w in scorer.step_scores(prompts, completions)]
+    assert abs(got[-1][0] - 0.5) > 1e-4  # its whitespace tokens are scored: a wrong reference row would show
+
+
+def test_the_reference_is_kept_in_bf16_where_reward_model_dtype_resolves_to_it(pair):
+    """`reward_model.dtype: bfloat16` (what `auto` resolves to on a CPU with AMX or AVX512-BF16): the frozen reference
+    loads in bf16; the model PRIME updates keeps float32 master weights and runs its forwards under bf16 autocast; a
+    PRM that is not updated loads in bf16. The scores stay those of float32 within bf16's rounding (tiny random
+    models: their log-ratios are small, and bf16 keeps ~3 significant digits of each log-prob)."""
+    from pipeline.config import RewardModelConfig
+    from pipeline.reward_model import load_scorer
+
+    phi_dir, _, _ = pair
+    prompts, completions, outcomes = PRIME_BATCH
+    scores = {}
+    for dtype in ("float32", "bfloat16"):
+        online = load_scorer("implicit", phi_dir, RewardModelConfig(kinds=["implicit"], dtype=dtype,
+                                                                    implicit={"online_lr": 1e-2}))
+        assert online.reference.dtype == getattr(torch, dtype) and online.model.dtype == torch.float32
+        assert online.bf16_autocast == (dtype == "bfloat16")
+        loss = online.update(prompts, completions, outcomes)
+        assert math.isfinite(loss) and online.model.dtype == torch.float32  # the master weights stay float32
+        frozen = load_scorer("implicit", phi_dir, RewardModelConfig(kinds=["implicit"], dtype=dtype))
+        assert frozen.model.dtype == frozen.reference.dtype == getattr(torch, dtype)
+        scores[dtype] = [v for s in frozen.step_scores(prompts, completions) for v in s]
+    assert scores["bfloat16"] == pytest.approx(scores["float32"], abs=0.02)
+    assert scores["bfloat16"] != scores["float32"]  # bf16 did run

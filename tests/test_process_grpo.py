@@ -443,3 +443,32 @@ def test_hybrid_needs_a_prm(tmp_path):
     with pytest.raises(ValueError, match="hybrid supervision needs a PRM"):
         ProcessGRPOTrainer(model="unused", supervision="hybrid")
 
+
+
+@pytest.mark.slow
+def test_prime_s_grpo_step_runs_the_reference_once_and_trains_as_before(tmp_path):
+    """Issue 58, point 3, on the real trainer: a GRPO step of PRIME's credit with the online update runs the implicit
+    PRM's frozen reference once (the update's forward, its log-probs read again by the scoring), and gives the
+    advantages and the updated PRM of a twin whose scoring runs the reference again (the path before issue 58)."""
+    from pipeline.rm_kinds.implicit import ImplicitPrmScorer
+
+    class Twin(ImplicitPrmScorer):
+        def reference_logprobs(self, ids, mask, keep=False):  # nothing kept: a reference forward each call
+            self._reference_logprobs = {}
+            return super().reference_logprobs(ids, mask, keep=False)
+
+    tok = tokenizer_of("char")
+    root, rows, runs = policy_and_prm(tok, tmp_path / "models"), rollout_ids(tok), {}
+    for name, cls in (("shared", ImplicitPrmScorer), ("twin", Twin)):
+        base = prime_scorer(tok, root / "policy")
+        scorer = cls(base.model, base.reference, tok, beta=0.5, online_lr=1e-2)
+        calls = [0]
+        scorer.reference.register_forward_hook(lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
+        run = run_grpo(tok, root / "policy", tmp_path / name, rows, "process", scorer, process_reward="prime")
+        runs[name] = (run, scorer, calls[0])
+    (shared, scorer, calls), (twin, twin_scorer, twin_calls) = runs["shared"], runs["twin"]
+    assert (calls, twin_calls) == (1, 2)  # one GRPO step: the update's reference forward, and the twin's second
+    assert shared["advantages"].tolist() == [pytest.approx(w, abs=1e-6) for w in twin["advantages"].tolist()]
+    assert shared["advantages"].abs().max() > 1e-3
+    a, b = scorer.model.state_dict(), twin_scorer.model.state_dict()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []

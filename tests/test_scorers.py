@@ -200,3 +200,40 @@ def test_blank_completion_gets_a_score_at_the_prompt_end(prm):
     with torch.no_grad():
         logit = model(input_ids=tok(PROMPT, return_tensors="pt").input_ids).logits[0, -1, 0]
     assert blank == pytest.approx([torch.sigmoid(logit).item()], abs=1e-6)
+
+
+def test_grpo_scores_a_micro_batch_in_one_padded_forward_with_the_scores_of_smaller_batches(prm):
+    """Issue 58, point 4: the GRPO phase loads its reward models with `scoring_batch_size` (a GRPO micro-batch's
+    completions, or collection's larger batch), so a step's 8 completions are one padded forward where
+    `collect.batch_size: 3` made three; the scores are those of the smaller batches to float rounding."""
+    from pipeline.policy import scoring_batch_size
+
+    model, tok = prm
+    prompts, batch = [PROMPT] * len(COMPLETIONS), scoring_batch_size(3, len(COMPLETIONS))
+    calls = [0]
+    hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        whole = PrmScorer(model, tok, batch_size=batch).step_scores(prompts, COMPLETIONS)
+        assert calls == [1]
+        chunked = PrmScorer(model, tok, batch_size=3).step_scores(prompts, COMPLETIONS)
+        assert calls == [4]
+    finally:
+        hook.remove()
+    assert [v for s in whole for v in s] == pytest.approx([v for s in chunked for v in s], abs=1e-6)
+
+
+def test_the_prm_scores_in_bf16_where_reward_model_dtype_resolves_to_it(prm, tmp_path):
+    """`reward_model.dtype: bfloat16` (`auto` on a CPU with AMX or AVX512-BF16): the PRM GRPO loads is in bf16, its
+    logits read in float32, its scores those of float32 within bf16's rounding (~3 significant digits a logit)."""
+    from pipeline.config import RewardModelConfig
+    from pipeline.reward_model import load_scorer
+
+    model, tok = prm
+    save_model(model, tok, tmp_path / "prm")
+    prompts, scores = [PROMPT] * len(COMPLETIONS), {}
+    for dtype in ("float32", "bfloat16"):
+        scorer = load_scorer("prm", tmp_path / "prm", RewardModelConfig(dtype=dtype), batch_size=len(COMPLETIONS))
+        assert scorer.model.dtype == getattr(torch, dtype)
+        scores[dtype] = [v for s in scorer.step_scores(prompts, COMPLETIONS) for v in s]
+    assert scores["bfloat16"] == pytest.approx(scores["float32"], abs=0.02)
+    assert scores["bfloat16"] != scores["float32"]  # bf16 did run

@@ -17,6 +17,15 @@ is then its reference: at the start r = 0 for every sample. Warm-started rounds 
 previous checkpoint, so it stays the round-0 policy. The checkpoint's `igrpo.json` records the reference and beta,
 which every scorer of it reads. Training stays one forward of one model per batch: the reference's log-probs are
 computed once, when the examples are built (`with_reference`).
+
+PRIME's online update (`ImplicitPrmScorer.update`, then scoring the same batch) runs the frozen reference once a
+batch: the update keeps the reference's log-probs of each sequence it read (keyed by its token ids), and the scoring
+that follows reads them instead of a second forward. The reference is frozen, so they are the values a second
+forward would give (to float rounding where the scoring batch is shaped otherwise: a blank completion the update
+skips). The model's side cannot be shared: the update's forward is of the weights before its AdamW step, and PRIME
+scores with the weights after it, so the scoring forward of the updated model is needed (reusing the update's would
+score with the previous batch's PRM). The reference loads in `reward_model.dtype` (bf16 where it resolves to
+bfloat16); the model PRIME updates keeps float32 master weights and runs its forwards under bf16 autocast there.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from pathlib import Path
 import torch
 
 from models.factories import checkpoint_record, load_policy
-from pipeline.dtypes import torch_dtype
+from pipeline.dtypes import machine_dtype, torch_dtype
 from pipeline.rm_kinds.base import RewardModelKind
 from pipeline.rm_kinds.prm import prm_metrics
 from pipeline.scorers import StepScorer, _refuse_nonfinite, trained_separator
@@ -185,21 +194,53 @@ def recorded(checkpoint: str | Path) -> dict:
 
 
 class ImplicitPrmScorer(StepScorer):
-    """Batched no-grad implicit PRM: the trained model and its reference read `prompt + completion` once each;
-    a step's score is sigmoid(V_k) at its end token (module docstring), a solution's the `aggregation` of them."""
+    """Batched no-grad implicit PRM: the trained model and its reference read `prompt + completion` once each
+    (the reference not at all for a sequence `update` just read: module docstring); a step's score is sigmoid(V_k)
+    at its end token, a solution's the `aggregation` of them. `bf16_autocast`: the model's forwards under bf16
+    autocast (`reward_model.dtype` resolving to bfloat16), over float32 weights where it is updated online."""
 
     def __init__(self, model, reference, tokenizer, batch_size: int = 64, beta: float = 0.05,
-                 aggregation: str = "min", online_lr: float | None = None, record: dict | None = None):
+                 aggregation: str = "min", online_lr: float | None = None, record: dict | None = None,
+                 bf16_autocast: bool = False):
         self.model, self.reference = model.eval(), reference.eval()
         self.tokenizer, self.batch_size, self.beta, self.aggregation = tokenizer, batch_size, beta, aggregation
         self.online_lr, self._optimizer = online_lr, None  # `update` (PRIME's online update) where set
         self.record = record or {"beta": beta}  # what its checkpoint's igrpo.json records (reference, beta)
         self.separator = trained_separator(model)  # the steps it was trained on (the reward-model phase records them)
+        self.bf16_autocast = bf16_autocast  # the model's forwards under bf16 autocast (`reward_model.dtype`)
+        # token ids -> the reference's log-probs (T,) of the batch `update` last read: its scoring reads them.
+        self._reference_logprobs: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def _autocast(self, device: torch.device):
+        """The model's forward precision: bf16 autocast over its float32 weights where `bf16_autocast`."""
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16_autocast)
+
+    def reference_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, keep: bool = False) -> torch.Tensor:
+        """The frozen reference's log-probs of right-padded `ids` (b, T), 0 past each row's length: a row `update`
+        read in this batch from what it kept, the others from one forward of them (kept for the scoring that follows
+        where `keep`: `update`'s batch, which replaces the last one's)."""
+        keys = [tuple(row[:n].tolist()) for row, n in zip(ids, mask.sum(1).tolist())]
+        if keep:
+            self._reference_logprobs = {}
+        missing = [i for i, k in enumerate(keys) if k not in self._reference_logprobs]
+        computed = {}
+        if missing:
+            rows = torch.tensor(missing, device=ids.device)
+            width = max(len(keys[i]) for i in missing)  # the whole batch's width where every row is missing
+            logp = sequence_logprobs(self.reference, ids[rows, :width], mask[rows, :width])  # (m, width)
+            computed = {keys[i]: row[: len(keys[i])] for i, row in zip(missing, logp)}
+            if keep:
+                self._reference_logprobs.update(computed)
+        out = torch.zeros(ids.shape, device=ids.device)  # (b, T)
+        for i, k in enumerate(keys):
+            out[i, : len(k)] = computed[k] if k in computed else self._reference_logprobs[k]
+        return out
 
     def update(self, prompts: Sequence[str], completions: Sequence[str], outcomes: Sequence[float]) -> float | None:
         """PRIME's online update: one AdamW step (`online_lr`) of `implicit_loss` on these samples and their
-        verifier outcomes, the reference's log-probs computed here; the loss, or None without a sample to learn
-        from. `ProcessGRPOTrainer` calls it on every training batch before scoring its steps."""
+        verifier outcomes; the loss, or None without a sample to learn from. `ProcessGRPOTrainer` calls it on every
+        training batch before scoring its steps. The reference's log-probs computed here are kept for that scoring
+        (`reference_logprobs`): one reference forward a batch."""
         rows = [{"prompt": p, "completion": c, "outcome": o} for p, c, o in zip(prompts, completions, outcomes)]
         examples = implicit_examples(rows, self.tokenizer, None)
         if not examples:
@@ -207,14 +248,15 @@ class ImplicitPrmScorer(StepScorer):
         device = next(self.model.parameters()).device
         self.reference.to(device)
         ids, mask = (t.to(device) for t in _padded([e["input_ids"] for e in examples], self.tokenizer.pad_token_id))
-        ref = sequence_logprobs(self.reference, ids, mask).clone()  # (B, T), out of inference mode: a constant
+        ref = self.reference_logprobs(ids, mask, keep=True)  # (B, T), a constant; kept for the scoring after
         completion = torch.zeros(ids.shape, device=device)  # (B, T)
         for i, e in enumerate(examples):
             completion[i, e["first"] : e["last"] + 1] = 1.0
         outcome = torch.tensor([e["labels"] for e in examples], device=device)  # (B,)
         self.model.train()
-        loss = implicit_loss(self.model(input_ids=ids, attention_mask=mask), (outcome, ids, ref, completion),
-                             beta=self.beta)
+        with self._autocast(device):
+            outputs = self.model(input_ids=ids, attention_mask=mask)
+        loss = implicit_loss(outputs, (outcome, ids, ref, completion), beta=self.beta)  # logits read in float32
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -242,7 +284,8 @@ class ImplicitPrmScorer(StepScorer):
 
     def _rewards(self, prompts: Sequence[str], completions: Sequence[str]):
         """Yield, for each (prompt, completion), its token rewards r_t (T,), its offsets and its first completion
-        token: one forward of the model and one of the reference per batch, shared by the step and token views."""
+        token: one forward of the model per batch, and of the reference for the sequences `update` did not just read
+        (`reference_logprobs`), shared by the step and token views."""
         device = next(self.model.parameters()).device
         self.reference.to(device)  # the policy phase moves `model` to its device; the reference follows here
         for s in range(0, len(prompts), self.batch_size):
@@ -250,8 +293,9 @@ class ImplicitPrmScorer(StepScorer):
             enc = self.tokenizer([p + c for p, c in zip(ps, cs)], return_tensors="pt", padding=True,
                                  padding_side="right", return_offsets_mapping=True)
             ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-            rewards = self.beta * (sequence_logprobs(self.model, ids, mask)
-                                   - sequence_logprobs(self.reference, ids, mask)).cpu()  # (b, T)
+            with self._autocast(device):
+                logp = sequence_logprobs(self.model, ids, mask)  # (b, T), the updated model: its own forward
+            rewards = self.beta * (logp - self.reference_logprobs(ids, mask)).cpu()  # (b, T)
             for r, (p, c) in enumerate(zip(ps, cs)):
                 yield rewards[r], enc["offset_mapping"][r].tolist(), p, c
 
@@ -284,7 +328,8 @@ def checkpoint_scorer(model, tokenizer, batch_size: int, rm) -> ImplicitPrmScore
     reference, _ = load_policy(meta["reference"], torch_dtype(rm.dtype))  # frozen: reward_model.dtype
     return ImplicitPrmScorer(model, reference, tokenizer, batch_size, meta.get("beta", rm.implicit.beta),
                              rm.aggregation, rm.implicit.online_lr,
-                             {k: v for k, v in meta.items() if k in ("reference", "beta")})
+                             {k: v for k, v in meta.items() if k in ("reference", "beta")},
+                             bf16_autocast=machine_dtype(rm.dtype) == "bfloat16")  # over PRIME's float32 weights
 
 
 def implicit_metrics(scorer: ImplicitPrmScorer, rows: list[dict]) -> dict[str, float]:
