@@ -7,14 +7,16 @@ run`: in one process, and with `launcher.kind: ray` (SFT, GRPO and the RM phase 
 node) and collection and eval as Ray tasks over both nodes. The Ray run's per-device batches are halved, so both runs
 take the same global batches (2 workers x half = 1 process x all).
 
-What must agree, and how closely: round 0's SFT loss within 1e-4 (DDP sums the gradients of two halves in another
-order); then round 0's shard (the same SFT policy up to float noise samples the same tokens), its RM metrics within
-1e-4 and its eval figures exactly. Round 1's GRPO samples each worker's completions from that worker's random stream
-(TRL seeds the ranks alike, but a rank samples its own half), so round 1 is another draw of the same distribution:
-it is printed beside the one-process run, not compared (tests/test_launcher.py checks a GRPO step on fixed
+What is compared, and how closely (stated, not assumed equal): round 0's SFT loss within 1% (each worker's loss is
+the mean over its own half's tokens and DDP averages the two, where one process takes the mean over all: 0.08% apart
+at 2026-12-06, Intel Xeon), so the two SFT policies differ slightly and round 0's samples are another draw; the
+shard's rows are counted identical or not (same prompts, same seeds), its size must match; the RM metrics within
+0.01; eval's accuracies, Pass@K, Maj@K and best-of-N exactly (its timing aside). Round 1's GRPO samples each
+worker's completions from that worker's random stream (TRL seeds the ranks alike, but a rank samples its own half),
+so round 1 is printed beside the one-process run, not compared (tests/test_launcher.py checks a GRPO step on fixed
 completions: the same advantages, loss and gradient on 2 Ray workers as on one process).
 
-  python -m bench.ray_loop          # about 5 minutes on 2 cores; exits 1 on a mismatch
+  python -m bench.ray_loop          # about 3 minutes on 2 cores; exits 1 past a tolerance
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ HALVED = ["--set", "bootstrap.sft_args.per_device_train_batch_size=16", "--set",
 def run(folder: Path, extra: list[str]) -> float:
     folder.mkdir(parents=True)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "flows.cli", "run", str(ROOT / "configs" / "mini.yaml"), *COMMON, *extra],
-                   cwd=folder, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(ROOT / "configs" / "mini.yaml"), *COMMON,
+                           *extra], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode:
+        raise SystemExit(f"igrpo run in {folder.name} failed (exit {done.returncode}):\n{done.stdout[-4000:]}")
     return time.perf_counter() - start
 
 
@@ -79,14 +83,17 @@ def main() -> None:
             if not same:
                 failures.append(f"{key} {metric}")
 
-        close("round-000/policy", "sft/train_loss", 1e-4)
-        same_shard = shard(work / "one", 0) == shard(work / "two", 0)
-        print(f"round-000/collect            the shard: {'identical' if same_shard else 'DIFFERS'}")
-        failures += [] if same_shard else ["round-000/collect shard"]
+        loss = one["round-000/policy"]["metrics"]["sft/train_loss"]
+        close("round-000/policy", "sft/train_loss", 0.01 * loss)
+        rows_one, rows_two = shard(work / "one", 0), shard(work / "two", 0)
+        same = sum(a == b for a, b in zip(rows_one, rows_two))
+        print(f"round-000/collect            the shard: {len(rows_two)} rows against {len(rows_one)}, {same} identical")
+        failures += [] if len(rows_one) == len(rows_two) else ["round-000/collect shard size"]
         for metric in sorted(one["round-000/reward_model"]["metrics"]):
-            close("round-000/reward_model", metric, 1e-4)
+            close("round-000/reward_model", metric, 0.01)
         for metric in sorted(one["round-000/eval"]["metrics"]):
-            close("round-000/eval", metric, 0.0)
+            if not metric.endswith("_per_s"):  # a speed, not a figure
+                close("round-000/eval", metric, 0.01 if metric.startswith("monitor/") else 0.0)
         for key in ("round-001/policy", "round-001/eval"):
             shown = {m: (one[key]["metrics"][m], two[key]["metrics"].get(m)) for m in sorted(one[key]["metrics"])
                      if m.startswith(("policy/reward", "eval/maj", "eval/greedy"))}

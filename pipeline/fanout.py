@@ -99,6 +99,8 @@ def open_sampler(path: str, c: SamplingConfig, fanout: CollectConfig | None = No
     from prefect.cache_policies import NO_CACHE
 
     shard_task = task(generate_shard, name="sample-shard", cache_policy=NO_CACHE, persist_result=False)
+    # Named absolutely: a worker (a Ray task on another node, or started in Ray's session folder) has its own cwd.
+    path = os.path.abspath(path)
     stamp = os.stat(path).st_mtime_ns
     with TASK_RUNNERS[f.task_runner].runner(f) as runner:
 
@@ -123,9 +125,3 @@ def open_sampler(path: str, c: SamplingConfig, fanout: CollectConfig | None = No
 def _submit(runner, shard_task, params: dict[str, Any], c: CollectConfig):
     submit = TASK_RUNNERS[c.task_runner].submit
     return submit(runner, shard_task, params, c) if submit else runner.submit(shard_task, params)
-    from prefect_ray.context import remote_options
-
-    # SPREAD: the shards over the nodes; Ray's default packs tasks onto a node until half its CPUs are busy.
-    options = {"scheduling_strategy": "SPREAD", **({"num_gpus": c.gpus_per_worker} if c.gpus_per_worker else {})}
-    with remote_options(**options):
-        return runner.submit(shard_task, params)

@@ -145,8 +145,12 @@ def test_two_ray_nodes_give_the_single_worker_eval_figures_and_shard_a_killed_no
     load = pipeline.fanout.load_sampling_model
     monkeypatch.setattr(pipeline.fanout, "load_sampling_model", lambda *a: loads.append(a) or load(*a))
     head, added = ray_cluster.list_all_nodes()
+    # The policy named relative to this process's working directory, which is not a Ray worker's: before, each
+    # shard read the relative path in its own working directory and failed (HF took it for a hub repo id).
+    monkeypatch.chdir(tmp_path)
+    relative = os.path.relpath(tiny_policy_dir, tmp_path)
     evals = [run_eval_phase(config_from_dict(mini_config(tmp_path / name, collect=collect, eval={"batch_size": 4}),
-                                             check_trl=False), tiny_policy_dir, 1)
+                                             check_trl=False), relative, 1)
              for name, collect in (("eval-one", {}), ("eval-ray", RAY))]
     timing = "eval/completions_per_s"
     assert {k: v for k, v in evals[1].metrics.items() if k != timing} == {
