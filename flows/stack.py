@@ -86,11 +86,13 @@ def hand_over(root: Path, user: str) -> None:
 
 def services(root: Path, settings: dict, secret: str, user: str | None = None) -> list[list[Service]]:
     """The stack's services in start stages: the database; the two servers on it (at once); the workers. Each runs
-    as `user` (None: as this process), with a HOME of its own then (root's is not its to write)."""
+    as `user` (None: as this process), with a HOME and a TMPDIR of its own then (root's are not its to write: a
+    flow's temp folders would fail under a TMPDIR of root's, such as CI's `mktemp -d`)."""
     host, pp, mp = settings["host"], settings["prefect_port"], settings["mlflow_port"]
     pg = Postgres(root, settings["postgres_port"], secret, user)
     py = [sys.executable, "-m"]
-    home = {"PREFECT_HOME": str(root / "prefect"), **({"HOME": str(root / "home")} if user else {})}
+    home = {"PREFECT_HOME": str(root / "prefect"),
+            **({"HOME": str(root / "home"), "TMPDIR": str(root / "home")} if user else {})}
     api = f"http://{_client_host(host)}:{pp}/api"
     prefect = Service(
         "prefect", [*py, "prefect", "server", "start", "--host", host, "--port", str(pp)],

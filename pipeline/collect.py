@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.collect_choices import STRATEGIES
+from pipeline.collect_choices import PROVERS, STRATEGIES
 from pipeline.config import PipelineConfig
 from pipeline.generation import Continuation
 from pipeline.mc_labels import Labels, agreement, imputed_share, make_request
@@ -144,7 +144,7 @@ def run_collection_phase(
     tokenizer = load_tokenizer(str(policy_path))  # the policy's: step prefixes are cut from its tokens
     render = renderer_from_config(cfg, tokenizer).render
     seed = cfg.run.seed * 1000 + round_index
-    prover = run.policy(0) if c.prover == "round0" else policy_path  # who writes the MC rollouts
+    prover = PROVERS[c.prover].path(run, policy_path)  # who writes the MC rollouts
     problems = draw_prompts(problem_set, Path(run_dir), round_index, c.prompts_per_round, cfg.run.seed)
     prompts = {p.id: render(p) for p in problems}  # what the policy, the rollouts and the RMs read
     scratch = run.collect_parts(round_index)

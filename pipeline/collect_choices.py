@@ -60,6 +60,28 @@ def _first_error(problem_set, completer, reqs, n):
     return label_first_error(problem_set, completer, reqs, n)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prover:
+    """Whose completions from each step prefix label the steps (`PROVERS.register(NAME, description=..., path=...)`),
+    the choices of `collect.prover`.
+
+    Attributes:
+        description: which policy, for the docs.
+        path: (the run directory, a `pipeline.rundir.RunDir`; the round's policy checkpoint) -> the checkpoint that
+            writes the MC rollouts (the round's policy's path itself: sampled by the same model).
+    """
+
+    description: str
+    path: Callable[[Any, Any], Any]
+
+
+PROVERS: Registry[Prover] = Registry("prover", Prover, {
+    "policy": Prover(description="the round's policy (Math-Shepherd)", path=lambda run, policy: policy),
+    "round0": Prover(description="round 0's policy, fixed across rounds (PAV's prover)",
+                     path=lambda run, policy: run.policy(0)),
+})
+
+
 STRATEGIES: Registry[Strategy] = Registry("collection strategy", Strategy, {
     "exhaustive": Strategy(description="every prefix (Math-Shepherd)", label=_exhaustive),
     "first_error": Strategy(description="the prefixes a binary search for the first error probes (OmegaPRM's idea); "

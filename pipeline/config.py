@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
-from pipeline.collect_choices import STRATEGIES, TASK_RUNNERS
+from pipeline.collect_choices import PROVERS, STRATEGIES, TASK_RUNNERS
 from pipeline.credit import BASELINES, CENTRINGS, CREDITS
 from pipeline.dtypes import DtypeSetting
 from pipeline.launchers import LAUNCHERS
@@ -31,6 +31,7 @@ from pipeline.problems import PROBLEM_SETS
 from pipeline.rewards import reward_spec
 from pipeline.rm_kinds import RM_KINDS, check_kinds
 from pipeline.rm_kinds.config import RewardModelSection
+from pipeline.sampling_backends import BACKENDS
 from pipeline.sections import LoraSection, Section, accelerate_config_path
 from pipeline.step_rewards import PROCESS_REWARDS
 
@@ -253,15 +254,22 @@ class SamplingConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     max_new_tokens: int = Field(64, ge=1, description="Longest completion in tokens.")
     batch_size: int = Field(64, ge=1, description="Sequences per generate call (HF); each batch has its own seed, and collection shards whole batches.")
-    backend: Literal["hf", "vllm"] = Field(
-        "hf", description="Generation engine: HF generate, or vLLM (needs `pip install 'iterative-grpo[vllm]'` and a GPU)."
-    )
+    backend: str = Field("hf", description=(
+        "Generation engine (pipeline.sampling_backends BACKENDS): HF generate (hf), or vLLM (vllm: needs `pip install "
+        "'iterative-grpo[vllm]'` and a GPU)."))
     vllm_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed to vllm.LLM when backend is vllm (gpu_memory_utilization, dtype...)."
     )
 
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        BACKENDS[v]  # an unknown one: the registry's error, listing the known ones
+        return v
 
-_COLLECT_CHOICES = {"strategy": STRATEGIES, "task_runner": TASK_RUNNERS}  # the collection's choices' tables
+
+# The collection's choices' tables.
+_COLLECT_CHOICES = {"prover": PROVERS, "strategy": STRATEGIES, "task_runner": TASK_RUNNERS}
 
 
 class CollectConfig(SamplingConfig):
@@ -271,10 +279,11 @@ class CollectConfig(SamplingConfig):
         "N: MC completions from each step prefix. 0: no rollouts and no MC step labels (the shard's he_labels and "
         "se_labels are empty), for RMs that need none (implicit, orm); refused while a kind that trains on them "
         "(prm) is in reward_model.kinds."))
-    prover: Literal["policy", "round0"] = Field("policy", description=(
-        "The MC completer whose success from each step prefix labels the steps (PAV's prover): the round's "
-        "policy (Math-Shepherd), or round 0's policy, fixed across rounds (it shares the policy's tokenizer). "
-        "reward_model.target hard estimates Best-of-N of it, soft its own success rate."))
+    prover: str = Field("policy", description=(
+        "The MC completer whose success from each step prefix labels the steps (PAV's prover; pipeline."
+        "collect_choices PROVERS): the round's policy (policy: Math-Shepherd), or round 0's policy (round0), fixed "
+        "across rounds (it shares the policy's tokenizer). reward_model.target hard estimates Best-of-N of it, soft "
+        "its own success rate."))
     strategy: str = Field("exhaustive", description=(
         "Which prefixes get rollouts (pipeline.collect_choices STRATEGIES): every one (exhaustive), or those a "
         "binary search for the first error probes (first_error); the others' labels are then imputed, SE = HE (hard "

@@ -24,6 +24,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
+from pipeline.sampling_backends import BACKENDS
+
 Job = tuple[int, int]  # (prompt index, sample index)
 Batch = tuple[int, list[Job]]  # (global batch index, its jobs)
 # One (job, text, num_tokens, completion ids) per generated sequence.
@@ -104,22 +106,14 @@ def is_vllm(model) -> bool:
 
 def load_sampling_model(path: str, backend: str = "hf", vllm_args: Mapping[str, Any] | None = None,
                         dtype: str = "float32"):
-    """(model, tokenizer) for `sample`: an HF causal LM, or a `vllm.LLM` on the checkpoint directory, with its
-    weights in `dtype` (`policy.dtype`, resolved: `pipeline.dtypes`; a `dtype` in `vllm_args` wins for vLLM).
+    """(model, tokenizer) for `sample`, loaded by `backend`'s entry (`pipeline.sampling_backends.BACKENDS`): an HF
+    causal LM, or a `vllm.LLM` on the checkpoint directory, with its weights in `dtype` (`policy.dtype`, resolved:
+    `pipeline.dtypes`; a `dtype` in `vllm_args` wins for vLLM).
 
     `vllm_args` go to `vllm.LLM` (e.g. `gpu_memory_utilization`: vLLM reserves 0.9 of the GPU by default,
     which leaves no room for a reward model scored in the same process afterwards).
     """
-    if backend == "vllm":
-        from vllm import LLM  # the [vllm] extra; the config refuses backend vllm without it
-
-        llm = LLM(model=str(path), **{"dtype": dtype, **dict(vllm_args or {})})  # every request carries its own seed
-        return llm, llm.get_tokenizer()
-    from models import load_policy
-    from pipeline.dtypes import torch_dtype
-
-    model, tokenizer = load_policy(str(path), torch_dtype(dtype))
-    return (model.to("cuda") if torch.cuda.is_available() else model), tokenizer  # Ray: the worker's own GPU
+    return BACKENDS[backend].load(str(path), dict(vllm_args or {}), dtype)
 
 
 def sample(

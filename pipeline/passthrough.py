@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, PipelineConfig
 from pipeline.modes import supervision_mode
+from pipeline.rm_kinds.sections import ORM_LOSSES
 
 
 def grpo_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
@@ -170,7 +171,7 @@ def _rm_class(cfg: PipelineConfig) -> type:
     from trl import RewardConfig
 
     rm = cfg.reward_model
-    return RewardConfig if rm.kinds == ["orm"] and rm.orm.loss == "pairwise" else _training_arguments()
+    return RewardConfig if rm.kinds == ["orm"] and ORM_LOSSES[rm.orm.loss].pairwise else _training_arguments()
 
 
 # The dataclass each pass-through section becomes.

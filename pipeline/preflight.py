@@ -16,6 +16,7 @@ from pipeline.launchers import LAUNCHERS
 from pipeline.loading import resumed_config_diff
 from pipeline.problems import problem_set_from_config
 from pipeline.rundir import Manifest, RunDirError, read_json, refuse_if_locked
+from pipeline.sampling_backends import BACKENDS
 
 # The setting that needs no extra, for each field that can ask for one.
 _WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread", "kind": "local"}
@@ -23,7 +24,8 @@ _WITHOUT = {"backend": "hf", "use_vllm": "false", "task_runner": "thread", "kind
 
 def extras_needed(cfg: PipelineConfig) -> list[tuple[str, str, str]]:
     """(field, pip extra, module) for each optional engine the config asks for."""
-    needed = [(f"{name}.backend", "vllm", "vllm") for name in ("collect", "eval") if getattr(cfg, name).backend == "vllm"]
+    needed = [(f"{name}.backend", *extra) for name in ("collect", "eval")
+              if (extra := BACKENDS[getattr(cfg, name).backend].extra) is not None]
     if cfg.grpo.get("use_vllm") is True:
         needed.append(("grpo.use_vllm", "vllm", "vllm"))
     if cfg.collect.workers > 1 and (extra := TASK_RUNNERS[cfg.collect.task_runner].extra) is not None:

@@ -4,8 +4,10 @@ Each extension point is a `Registry`: supervision modes (`pipeline.modes.MODES`)
 (`pipeline.rewards.REWARD_FUNCS`), RM kinds and PRM head layouts (`pipeline.rm_kinds.RM_KINDS`, `PRM_HEADS`), problem
 sets (`pipeline.problems.PROBLEM_SETS`), phases (`pipeline.phases.PHASES`), and the config's other choices: process
 rewards and oracles (`pipeline.step_rewards.PROCESS_REWARDS`, `ORACLES`), process credits, baselines and centrings
-(`pipeline.credit.CREDITS`, `BASELINES`, `CENTRINGS`), PRM aggregations (`pipeline.rm_kinds.AGGREGATIONS`), collection
-strategies and task runners (`pipeline.collect_choices.STRATEGIES`, `TASK_RUNNERS`) and launchers
+(`pipeline.credit.CREDITS`, `BASELINES`, `CENTRINGS`), PRM aggregations and targets and ORM losses
+(`pipeline.rm_kinds.AGGREGATIONS`, `PRM_TARGETS`, `ORM_LOSSES`), collection strategies, task runners and provers
+(`pipeline.collect_choices.STRATEGIES`, `TASK_RUNNERS`, `PROVERS`), sampling backends
+(`pipeline.sampling_backends.BACKENDS`), answer formats (`pipeline.problems.dataset.ANSWER_FORMATS`) and launchers
 (`pipeline.launchers.LAUNCHERS`). A registry is the dict of its entries, in order; `register(NAME, field=value, ...)`
 adds one, keyword-only, and `table[NAME]` of an unknown name is one error shape everywhere:
 ``unknown <what> 'x'; known: a, b, c``.

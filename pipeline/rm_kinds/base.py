@@ -180,6 +180,28 @@ AGGREGATIONS: Registry[Aggregation] = Registry("aggregation", Aggregation, {
 })
 
 
+
+@dataclass(frozen=True, kw_only=True)
+class PrmTarget:
+    """Which MC step labels a PRM trains on (`PRM_TARGETS.register(NAME, description=..., column=...)`), the
+    choices of `reward_model.target`.
+
+    Attributes:
+        description: the labels, for the docs.
+        column: the collected shard's column of per-step labels it reads (`pipeline.replay`).
+    """
+
+    description: str
+    column: str
+
+
+PRM_TARGETS: Registry[PrmTarget] = Registry("PRM target", PrmTarget, {
+    "hard": PrmTarget(description="hard estimation (HE): 1 if any MC rollout from the step reaches the gold answer",
+                      column="he_labels"),
+    "soft": PrmTarget(description="soft estimation (SE): the share of the step's MC rollouts that reach it",
+                      column="se_labels"),
+})
+
 @dataclass(frozen=True)
 class PrmLayout:
     """A PRM's head and its tokens, as its checkpoint records them (`igrpo.json`) and the config asks for them."""

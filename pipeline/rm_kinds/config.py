@@ -5,12 +5,12 @@ declared by the kinds: `pipeline/rm_kinds/sections.py`) and the PRM layout's che
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.dtypes import DtypeSetting
-from pipeline.rm_kinds import AGGREGATIONS, RM_KINDS, check_layout, prm_head
+from pipeline.rm_kinds import AGGREGATIONS, PRM_TARGETS, RM_KINDS, check_layout, prm_head
 from pipeline.sections import LoraSection, Section
 from pipeline.step_rewards import ORACLES
 
@@ -41,7 +41,8 @@ class RewardModelSection(Section):
     """`reward_model:` but for the kinds' own sections, which `pipeline.config` adds from the table."""
 
     kinds: list[str] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
-    target: Literal["hard", "soft"] = Field("soft", description="PRM target: hard (HE) or soft (SE) MC labels.")
+    target: str = Field("soft", description=(
+        "PRM target (pipeline.rm_kinds PRM_TARGETS): hard (HE) or soft (SE) MC labels."))
     aggregation: str = Field("min", description=(
         "A solution's PRM score from its step scores (pipeline.rm_kinds AGGREGATIONS): the minimum (Math-Shepherd), "
         "the last step's, or their product."))
@@ -105,6 +106,12 @@ class RewardModelSection(Section):
     @classmethod
     def _known_aggregation(cls, v: str) -> str:
         AGGREGATIONS[v]  # an unknown one: the registry's error, listing the known ones
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        PRM_TARGETS[v]  # an unknown one: the registry's error, listing the known ones
         return v
 
     @field_validator("oracle")

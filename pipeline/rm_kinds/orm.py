@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pipeline.rm_kinds.base import RewardModelKind
+from pipeline.rm_kinds.sections import ORM_LOSSES
 from pipeline.rm_metrics import accuracy, auc, mean
 from pipeline.scorers import OrmScorer
 
@@ -34,11 +35,11 @@ def orm_pairs(rows: list[dict], tokenizer) -> list[dict]:
 
 
 def _examples(rows: list[dict], tokenizer, rm) -> list[dict]:
-    if rm.orm.loss != "pairwise":
+    if not ORM_LOSSES[rm.orm.loss].pairwise:
         return orm_examples(rows, tokenizer)
     pairs = orm_pairs(rows, tokenizer)
     if not pairs:
-        raise ValueError("reward_model.orm.loss=pairwise: no prompt has both a correct and an incorrect "
+        raise ValueError(f"reward_model.orm.loss={rm.orm.loss}: no prompt has both a correct and an incorrect "
                          "completion in the training rows; use loss: bce or sample more per prompt")
     return pairs
 
@@ -52,7 +53,7 @@ def orm_metrics(scorer: OrmScorer, rows: list[dict]) -> dict[str, float]:
 
 ORM = RewardModelKind(
     examples=_examples,
-    pairwise=lambda rm: rm.orm.loss == "pairwise",
+    pairwise=lambda rm: ORM_LOSSES[rm.orm.loss].pairwise,
     scorer=lambda model, tokenizer, batch_size, rm: OrmScorer(model, tokenizer, batch_size),
     metrics=orm_metrics,
     lora_task_type="SEQ_CLS",

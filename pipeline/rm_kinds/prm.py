@@ -8,7 +8,7 @@ that reaches `examples`, `scorer` and `loss` carries the checkpoint's own layout
 
 from __future__ import annotations
 
-from pipeline.rm_kinds.base import PrmLayout, RewardModelKind, layout_of
+from pipeline.rm_kinds.base import PRM_TARGETS, PrmLayout, RewardModelKind, layout_of
 from pipeline.rm_kinds.heads import StepReader
 from pipeline.rm_metrics import accuracy, auc, mean, step_label_pairs
 from pipeline.scorers import PrmScorer, aggregate
@@ -23,7 +23,7 @@ def prm_examples(rows: list[dict], tokenizer, target: str, reader: StepReader | 
     `separator`: the problem set's step separator; by default each row's `step_separator` (the reward-model
     phase puts the run's there, `reward_model.with_separator`), else a line.
     """
-    key = "he_labels" if target == "hard" else "se_labels"
+    key = PRM_TARGETS[target].column
     reader = reader or StepReader(PrmLayout())
     out = []
     for r in rows:

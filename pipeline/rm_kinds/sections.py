@@ -8,13 +8,14 @@ while the kind is in `reward_model.kinds`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline.launchers import LAUNCHERS
 from pipeline.modes import supervision_mode
+from pipeline.registry import Registry
 from pipeline.sections import Section
 
 
@@ -22,15 +23,44 @@ class KindSection(Section):
     """Base of an RM kind's config section, `reward_model.<kind>`: strict, every field documented once."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class OrmLoss:
+    """How the ORM trains (`ORM_LOSSES.register(NAME, description=..., pairwise=...)`), the choices of
+    `reward_model.orm.loss`.
+
+    Attributes:
+        description: the loss, for the docs.
+        pairwise: trained by TRL's RewardTrainer on (correct, incorrect) pairs of one prompt's completions, which
+            needs `collect.samples_per_prompt` >= 2; else by BCE on each completion's verifier outcome.
+    """
+
+    description: str
+    pairwise: bool = False
+
+
+ORM_LOSSES: Registry[OrmLoss] = Registry("ORM loss", OrmLoss, {
+    "bce": OrmLoss(description="BCE on the verifier's 0/1 outcomes"),
+    "pairwise": OrmLoss(description="Bradley-Terry (TRL's RewardTrainer) on correct/incorrect pairs of one prompt",
+                        pairwise=True),
+})
+
+
 class OrmSection(KindSection):
-    loss: Literal["bce", "pairwise"] = Field("bce", description=(
-        "ORM loss: BCE on outcomes, or pairwise (Bradley-Terry, TRL's RewardTrainer) on correct/incorrect pairs of "
-        "one prompt."))
+    loss: str = Field("bce", description=(
+        "ORM loss (pipeline.rm_kinds.sections ORM_LOSSES): BCE on outcomes (bce), or pairwise (Bradley-Terry, TRL's "
+        "RewardTrainer) on correct/incorrect pairs of one prompt."))
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        ORM_LOSSES[v]  # an unknown one: the registry's error, listing the known ones
+        return v
 
 
 def check_orm(cfg) -> None:
-    if cfg.reward_model.orm.loss == "pairwise" and cfg.collect.samples_per_prompt < 2:
-        raise ValueError("reward_model.orm.loss: pairwise needs a right and a wrong sample of one prompt, and "
+    loss = cfg.reward_model.orm.loss
+    if ORM_LOSSES[loss].pairwise and cfg.collect.samples_per_prompt < 2:
+        raise ValueError(f"reward_model.orm.loss: {loss} needs a right and a wrong sample of one prompt, and "
                          f"collect.samples_per_prompt is {cfg.collect.samples_per_prompt}: set it to 2 or more, "
                          "or loss: bce")
 
