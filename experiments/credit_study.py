@@ -79,10 +79,7 @@ class Study(Experiments):
         return load_config(ROOT / TASKS[self.task], self.base(seed) + extra)
 
     def arm_config(self, arm: str, seed: int):
-        return self.config(seed, [
-            f"run.name={self.task}-{arm}-s{seed}", f"run.rounds={self.a.rounds}", f"policy.model={self.sft_path(seed)}",
-            "bootstrap.sft=false", "tracking.register_models=false", "tracking.register_policy=false",
-            *overrides(arm)])
+        return self.config(seed, [*self.from_sft(seed, f"{self.task}-{arm}-s{seed}", self.a.rounds), *overrides(arm)])
 
     def arm(self, arm: str, seed: int) -> dict:
         from flows.iterative import iterative_rl
@@ -270,13 +267,7 @@ def run(a: argparse.Namespace) -> None:
         for task in a.tasks:
             study = Study(a, task)
             Path(study.runs_dir).mkdir(parents=True, exist_ok=True)
-            for seed in a.seeds:
-                todo = [x for x in arms if study.pending(f"{x}-s{seed}")]
-                if todo and not study.sft_path(seed).exists():
-                    study.unit(f"sft-s{seed}", lambda s=seed: study.sft(s), again=True)
-                for x in todo:
-                    study.unit(f"{x}-s{seed}", lambda x=x, s=seed: study.arm(x, s))
-                    report(a, Path(a.out))
+            study.run_arms(a.seeds, arms, lambda: report(a, Path(a.out)))
 
 
 if __name__ == "__main__":

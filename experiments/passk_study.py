@@ -71,10 +71,7 @@ class PasskStudy(Experiments):
         return load_config(ROOT / CONFIG, self.base(seed) + extra)
 
     def arm_config(self, arm: str, seed: int):
-        return self.config(seed, [
-            f"run.name={arm}-s{seed}", f"run.rounds={ROUND}", f"policy.model={self.sft_path(seed)}",
-            "bootstrap.sft=false", "tracking.register_models=false", "tracking.register_policy=false",
-            *overrides(arm)])
+        return self.config(seed, [*self.from_sft(seed, f"{arm}-s{seed}", ROUND), *overrides(arm)])
 
     def arm(self, arm: str, seed: int) -> dict:
         from flows.iterative import iterative_rl
@@ -276,13 +273,7 @@ def run(a: argparse.Namespace) -> None:
     """Every pending unit of the asked seeds and arms, each seed's SFT first; the section rebuilt after each."""
     study = PasskStudy(a)
     study.runs_dir.mkdir(parents=True, exist_ok=True)
-    for seed in a.seeds:
-        todo = [x for x in (a.only or ARMS) if study.pending(f"{x}-s{seed}")]
-        if todo and not study.sft_path(seed).exists():
-            study.unit(f"sft-s{seed}", lambda s=seed: study.sft(s), again=True)
-        for x in todo:
-            study.unit(f"{x}-s{seed}", lambda x=x, s=seed: study.arm(x, s))
-            report(a, Path(a.out))
+    study.run_arms(a.seeds, a.only or ARMS, lambda: report(a, Path(a.out)))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -154,10 +155,14 @@ class Experiments:
         return load_config(ROOT / "configs" / "experiments.yaml", self.base(seed) + extra)
 
     def arm_config(self, arm: str, seed: int):
-        return self.config(seed, [
-            f"run.name={arm}-s{seed}", f"run.rounds={self.a.rounds}", f"policy.model={self.sft_path(seed)}",
-            "bootstrap.sft=false", "tracking.register_models=false", "tracking.register_policy=false",
-            *arm_overrides(arm, self.a.smoke)])
+        return self.config(seed, [*self.from_sft(seed, f"{arm}-s{seed}", self.a.rounds),
+                                  *arm_overrides(arm, self.a.smoke)])
+
+    def from_sft(self, seed: int, name: str, rounds: int) -> list[str]:
+        """The overrides of an arm's run `name` of `rounds` RL rounds from the seed's SFT policy (the unit
+        `sft-s<seed>`): no SFT of its own, no checkpoint registered."""
+        return [f"run.name={name}", f"run.rounds={rounds}", f"policy.model={self.sft_path(seed)}",
+                "bootstrap.sft=false", "tracking.register_models=false", "tracking.register_policy=false"]
 
     def sft_path(self, seed: int) -> Path:
         return self.runs_dir / f"sft-s{seed}" / "policy"
@@ -184,6 +189,17 @@ class Experiments:
         print(f"[{time.strftime('%H:%M:%S')}] {name}: {status} in {seconds / 60:.1f} min", flush=True)
 
     # --- units: each returns its figures, what the report reads of it ----------------------------
+
+    def run_arms(self, seeds: list[int], arms: list[str], after: Callable[[], object]) -> None:
+        """Every pending unit of `arms` for each of `seeds` (`arm`), the seed's SFT unit first where one needs it;
+        `after()` once each arm unit ends (a study rebuilds its report there)."""
+        for seed in seeds:
+            todo = [x for x in arms if self.pending(f"{x}-s{seed}")]
+            if todo and not self.sft_path(seed).exists():
+                self.unit(f"sft-s{seed}", lambda s=seed: self.sft(s), again=True)
+            for x in todo:
+                self.unit(f"{x}-s{seed}", lambda x=x, s=seed: self.arm(x, s))
+                after()
 
     def sft(self, seed: int) -> dict:
         from pipeline import tracking

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from pipeline.collect_choices import PROVERS, STRATEGIES, TASK_RUNNERS
 from pipeline.credit import BASELINES, CENTRINGS, CREDITS
@@ -29,6 +29,7 @@ from pipeline.launchers import LAUNCHERS
 from pipeline.modes import check_supervision, supervision_mode
 from pipeline.problems import PROBLEM_SETS
 from pipeline.rewards import reward_spec
+from pipeline.registry import name_in
 from pipeline.rm_kinds import RM_KINDS, check_kinds
 from pipeline.rm_kinds.config import RewardModelSection
 from pipeline.sampling_backends import BACKENDS
@@ -162,11 +163,6 @@ class PasskConfig(Section):
         return list(self.schedule) if self.schedule is not None else [self.k]
 
 
-# The process choices' fields -> their tables (a plugin's entry is a choice as soon as it is registered).
-_PROCESS_CHOICES = {"process_reward": PROCESS_REWARDS, "process_credit": CREDITS, "process_baseline": BASELINES,
-                    "process_centring": CENTRINGS}
-
-
 class SupervisionConfig(Section):
     mode: str = Field("process", description=(
         "GRPO advantages (pipeline/modes.py): outcome, process (PRM), hybrid (outcome + process_weight x process), "
@@ -179,11 +175,11 @@ class SupervisionConfig(Section):
     process_weight: float = Field(1.0, ge=0, allow_inf_nan=False, description=(
         "Hybrid mode: w in A = A_outcome + w * A_process (0: outcome mode's advantages); logged: "
         "hybrid/process_variance_share."))
-    process_credit: str = Field("sum", description=(
+    process_credit: name_in(CREDITS) = Field("sum", description=(
         "Process and hybrid mode (pipeline.credit CREDITS): a token's process advantage is the sum (DeepSeekMath "
         "§4.1.3) or the min (PURE, arXiv 2504.15275) of the step rewards of the steps ending at or after it, or its "
         "own step's (step)."))
-    process_reward: str = Field("value", description=(
+    process_reward: name_in(PROCESS_REWARDS) = Field("value", description=(
         "Process and hybrid mode (pipeline.step_rewards PROCESS_REWARDS): a step's reward is the step scorer's value "
         "(Math-Shepherd's Q, normalised over the "
         "group: DeepSeekMath), or its progress (PAV, arXiv 2410.08146): the change of that value over the step, from "
@@ -195,11 +191,11 @@ class SupervisionConfig(Section):
         "process_reward prime: c_p, the weight of the implicit PRM's token rewards (PRIME's recipe: 5)."))
     prime_outcome_coef: float = Field(5.0, ge=0, allow_inf_nan=False, description=(
         "process_reward prime: c_o, the weight of the verifier's outcome (PRIME's recipe: 5)."))
-    process_baseline: str = Field("group", description=(
+    process_baseline: name_in(BASELINES) = Field("group", description=(
         "Process and hybrid mode (pipeline.credit BASELINES): a step's PRM reward is normalised with every step of "
         "its group (group: DeepSeekMath §4.1.3) or with the group's steps at the same index only (position), so a "
         "PRM's prior over positions cancels."))
-    process_centring: str = Field("none", description=(
+    process_centring: name_in(CENTRINGS) = Field("none", description=(
         "Process and hybrid mode (pipeline.credit CENTRINGS): remove the process advantages' per-token mean over "
         "each group's tokens (group) or each completion's (output), so the process term no longer pushes every sampled token one way "
         "(DeepSeekMath's are not centred: REFERENCE, 'The mean of process advantages'); none: as DeepSeekMath."))
@@ -209,12 +205,6 @@ class SupervisionConfig(Section):
     passk: PasskConfig = Field(default_factory=PasskConfig, description=(
         "passk mode: k of pass@k and its schedule (docs/supervision.md)."))
     prompts_per_round: int = Field(256, ge=1, description="Training prompts offered to GRPO each round.")
-
-    @field_validator(*_PROCESS_CHOICES)
-    @classmethod
-    def _known_choice(cls, v: str, info: ValidationInfo) -> str:
-        _PROCESS_CHOICES[info.field_name][v]  # an unknown one: the registry's error, listing the known ones
-        return v
 
     @field_validator("mode")
     @classmethod
@@ -254,22 +244,12 @@ class SamplingConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     max_new_tokens: int = Field(64, ge=1, description="Longest completion in tokens.")
     batch_size: int = Field(64, ge=1, description="Sequences per generate call (HF); each batch has its own seed, and collection shards whole batches.")
-    backend: str = Field("hf", description=(
+    backend: name_in(BACKENDS) = Field("hf", description=(
         "Generation engine (pipeline.sampling_backends BACKENDS): HF generate (hf), or vLLM (vllm: needs `pip install "
         "'iterative-grpo[vllm]'` and a GPU)."))
     vllm_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed to vllm.LLM when backend is vllm (gpu_memory_utilization, dtype...)."
     )
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, v: str) -> str:
-        BACKENDS[v]  # an unknown one: the registry's error, listing the known ones
-        return v
-
-
-# The collection's choices' tables.
-_COLLECT_CHOICES = {"prover": PROVERS, "strategy": STRATEGIES, "task_runner": TASK_RUNNERS}
 
 
 class CollectConfig(SamplingConfig):
@@ -279,12 +259,12 @@ class CollectConfig(SamplingConfig):
         "N: MC completions from each step prefix. 0: no rollouts and no MC step labels (the shard's he_labels and "
         "se_labels are empty), for RMs that need none (implicit, orm); refused while a kind that trains on them "
         "(prm) is in reward_model.kinds."))
-    prover: str = Field("policy", description=(
+    prover: name_in(PROVERS) = Field("policy", description=(
         "The MC completer whose success from each step prefix labels the steps (PAV's prover; pipeline."
         "collect_choices PROVERS): the round's policy (policy: Math-Shepherd), or round 0's policy (round0), fixed "
         "across rounds (it shares the policy's tokenizer). reward_model.target hard estimates Best-of-N of it, soft "
         "its own success rate."))
-    strategy: str = Field("exhaustive", description=(
+    strategy: name_in(STRATEGIES) = Field("exhaustive", description=(
         "Which prefixes get rollouts (pipeline.collect_choices STRATEGIES): every one (exhaustive), or those a "
         "binary search for the first error probes (first_error); the others' labels are then imputed, SE = HE (hard "
         "labels even for reward_model.target: soft), their share logged as collect/imputed_label_share."))
@@ -293,7 +273,7 @@ class CollectConfig(SamplingConfig):
         "stopped collection resumes after its last finished part, to the same shard (a shard of one part is seeded "
         "as before parts existed)."))
     workers: int = Field(1, ge=1, description="Sampling workers; batches are sharded over them, with the same shard as 1 worker.")
-    task_runner: str = Field("thread", description=(
+    task_runner: name_in(TASK_RUNNERS) = Field("thread", description=(
         "Prefect task runner of the workers (pipeline.collect_choices TASK_RUNNERS): threads in this process "
         "(thread), or Ray (ray: the `[ray]` extra)."))
     ray_address: str | None = Field(None, description=(
@@ -302,12 +282,6 @@ class CollectConfig(SamplingConfig):
         "Passed to ray.init; its resources (num_cpus, object_store_memory...) only where it starts a local Ray: "
         "Ray refuses them when it joins a running one."))
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray: GPUs reserved by each worker's task (1 on a GPU node).")
-
-    @field_validator(*_COLLECT_CHOICES)
-    @classmethod
-    def _known_choice(cls, v: str, info: ValidationInfo) -> str:
-        _COLLECT_CHOICES[info.field_name][v]  # an unknown one: the registry's error, listing the known ones
-        return v
 
 
 def _reward_model_config() -> type[Section]:
@@ -351,7 +325,7 @@ class OrchestrationConfig(Section):
 
 
 class LauncherConfig(Section):
-    kind: str = Field("local", description=(
+    kind: name_in(LAUNCHERS) = Field("local", description=(
         "Where the GRPO and RM phases train (pipeline/launchers.py LAUNCHERS): 'local': in this process; "
         "'accelerate': under `accelerate launch`; 'ray': as a Ray Train TorchTrainer job on the cluster at "
         "`ray_address`, `num_processes` workers (the [ray] extra)."))
@@ -366,12 +340,6 @@ class LauncherConfig(Section):
     ray_address: str | None = Field(None, description=(
         "kind ray: the Ray cluster to join ('auto': the one `ray start` or RAY_ADDRESS names on this node; None: "
         "that one if there is one, else a local Ray)."))
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, v: str) -> str:
-        LAUNCHERS[v]  # an unknown one: the registry's error, listing the known ones
-        return v
 
     @model_validator(mode="after")
     def _one_launchers_fields(self):

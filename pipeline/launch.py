@@ -112,7 +112,9 @@ def launch_phase(cfg: Any, phase: str, kwargs: dict[str, Any], work_dir: str | P
     write_json_atomic(work_dir / "request.json", {
         "config": cfg.model_dump(mode="json"), "phase": phase, "kwargs": kwargs, "runs": run_ids,
     })
-    env = {"MLFLOW_TRACKING_URI": _absolute_uri(mlflow.get_tracking_uri())}  # a worker's relative path is its own
+    from pipeline.tracking import absolute_uri
+
+    env = {"MLFLOW_TRACKING_URI": absolute_uri(mlflow.get_tracking_uri())}  # a worker's relative path is its own
     if runs.get("run_id"):
         env["MLFLOW_EXPERIMENT_ID"] = mlflow.MlflowClient().get_run(runs["run_id"]).info.experiment_id
     output = start(cfg, phase, work_dir, env, entry)
@@ -139,38 +141,12 @@ def ray_phase(cfg: Any, phase: str, work_dir: Path, env: dict[str, str],
               entry: Callable[[list[str]], None]) -> str:
     """A Ray Train job running `entry([WORK_DIR])` in each worker (`ray_launch`), once every node is seen to reach
     the run directory and a local tracking store."""
+    from pipeline.tracking import local_store
+
+    store = local_store(env["MLFLOW_TRACKING_URI"])  # a server's URI: none to check
     ray_launch(cfg.launcher, entry, [[str(work_dir.resolve())]], env, work_dir / "ray", f"the {phase} phase",
-               shared={"the run directory": work_dir, **_local_store(env["MLFLOW_TRACKING_URI"])})
+               shared={"the run directory": work_dir, **({"the MLflow tracking store": store} if store else {})})
     return "the output above (Ray's workers)"
-
-
-def _absolute_uri(uri: str) -> str:
-    """A tracking URI whose local file (sqlite's database, a file store) is named absolutely, as every process,
-    wherever it starts, must read it.
-
-    >>> _absolute_uri("sqlite:////srv/mlflow.db"), _absolute_uri("http://127.0.0.1:5000")
-    ('sqlite:////srv/mlflow.db', 'http://127.0.0.1:5000')
-    >>> _absolute_uri("sqlite:///mlflow.db") == f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    True
-    """
-    path = _store_path(uri)
-    if path is None or path.is_absolute():
-        return uri
-    return f"sqlite:///{path.resolve()}" if uri.startswith("sqlite:") else str(path.resolve())
-
-
-def _store_path(uri: str) -> Path | None:
-    """The local file or folder behind a tracking URI (sqlite, a file store), None for a server."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///"):])
-    if uri.startswith("file:"):
-        return Path(uri[len("file:"):].removeprefix("//"))
-    return None if "://" in uri else Path(uri)
-
-
-def _local_store(uri: str) -> dict[str, Path]:
-    path = _store_path(uri)
-    return {"the MLflow tracking store": path} if path is not None else {}
 
 
 def check_nodes_see(shared: dict[str, Path], cwd: str) -> None:

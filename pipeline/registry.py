@@ -25,7 +25,9 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import AfterValidator
 
 T = TypeVar("T")
 
@@ -36,6 +38,15 @@ class UnknownName(ValueError, KeyError):
     """A name no registry entry has. A ValueError for the config's validators, a KeyError for dict's contract."""
 
     __str__ = ValueError.__str__  # KeyError's would quote the whole message
+
+
+_TABLES: list[Registry] = []  # every Registry made, in order: `tables()`
+
+
+def tables() -> list[Registry]:
+    """Every extension point's table made so far (those of the modules imported): what a test restores after it
+    registers, and what the tests of the one error shape go through."""
+    return list(_TABLES)
 
 
 class Registry(dict[str, T], Generic[T]):
@@ -53,6 +64,7 @@ class Registry(dict[str, T], Generic[T]):
         super().__init__(entries or {})
         self.what, self.entry, self.name_field = what, entry, name_field
         self.on_register: list[Callable[[], None]] = []  # called after each registration (the config's rebuild)
+        _TABLES.append(self)
 
     def __missing__(self, name: str) -> T:
         raise UnknownName(f"unknown {self.what} {name!r}; known: {', '.join(self)}")
@@ -74,6 +86,17 @@ class Registry(dict[str, T], Generic[T]):
         for hook in self.on_register:
             hook()
         return self[name]
+
+
+def name_in(table: Registry) -> Any:
+    """A config field's type: a name of `table`'s, looked up as the config loads (an unknown one: the registry's
+    error, under the field's dotted path), so an entry a plugin registered is a valid value too."""
+
+    def known(name: str) -> str:
+        table[name]  # an unknown one: the registry's error, listing the known ones
+        return name
+
+    return Annotated[str, AfterValidator(known)]
 
 
 def resolve(ref: Any) -> Any:

@@ -118,6 +118,31 @@ def _write_ahead(uri: str) -> None:
         db.execute("PRAGMA journal_mode=WAL")
 
 
+def local_store(uri: str) -> Path | None:
+    """The file or folder behind a local tracking URI (a sqlite database, a folder store), as the URI names it
+    (relative or not); None for a server, another database or an in-memory store."""
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    if scheme.startswith("sqlite"):
+        return _sqlite_file(uri)
+    return Path(urlparse(uri).path if scheme else uri) if scheme in ("", "file") else None
+
+
+def absolute_uri(uri: str) -> str:
+    """`uri` with its local store named absolutely, as a process started elsewhere (a Ray worker) must read it.
+
+    >>> absolute_uri("sqlite:////srv/mlflow.db"), absolute_uri("http://127.0.0.1:5000")
+    ('sqlite:////srv/mlflow.db', 'http://127.0.0.1:5000')
+    >>> absolute_uri("sqlite:///mlflow.db") == f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    True
+    """
+    path = local_store(uri)
+    if path is None or path.is_absolute():
+        return uri
+    return f"sqlite:///{path.resolve()}" if uri.startswith("sqlite:") else str(path.resolve())
+
+
 def _sqlite_file(uri: str) -> Path | None:
     """The file of a sqlite URI; None for an in-memory store."""
     from sqlalchemy.engine import make_url
@@ -165,11 +190,11 @@ def _probe(uri: str, experiment: str, must_exist: bool) -> str:
         exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment)
         return f"{uri} answers; experiment {experiment!r} " + ("exists" if exp else "will be created")
     if scheme.startswith("sqlite"):
-        if (path := _sqlite_file(uri)) is None:
+        if (path := local_store(uri)) is None:
             return f"{uri}: an in-memory store (gone when the run ends)"
         return _probe_sqlite(uri, path, experiment, must_exist)
     if scheme in ("", "file"):
-        path = Path(urlparse(uri).path if scheme else uri)
+        path = local_store(uri)
         if path.exists() and not path.is_dir():
             raise TrackingError(f"MLflow tracking URI {uri!r}: {path} is a file, not a folder store")
         return f"{uri}: " + ("a folder store" if path.is_dir() else _creatable(uri, path, must_exist))

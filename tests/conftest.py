@@ -351,7 +351,7 @@ def registries():
     (the config's `problems:` sections too)."""
     import tempfile
 
-    from pipeline import (
+    from pipeline import (  # noqa: F401  imported for their tables
         collect_choices,
         credit,
         launchers,
@@ -364,13 +364,9 @@ def registries():
         sampling_backends,
         step_rewards,
     )
-    from pipeline.problems import dataset
+    from pipeline.problems import dataset  # noqa: F401
 
-    tables = (problems.PROBLEM_SETS, rewards.REWARD_FUNCS, modes.MODES, rm_kinds.RM_KINDS, rm_kinds.PRM_HEADS,
-              phases.PHASES, launchers.LAUNCHERS, step_rewards.PROCESS_REWARDS, step_rewards.ORACLES, credit.CREDITS,
-              credit.BASELINES, credit.CENTRINGS, rm_kinds.AGGREGATIONS, collect_choices.STRATEGIES,
-              collect_choices.TASK_RUNNERS, collect_choices.PROVERS, sampling_backends.BACKENDS, rm_kinds.ORM_LOSSES,
-              rm_kinds.PRM_TARGETS, dataset.ANSWER_FORMATS)
+    tables = registry.tables()  # those of the modules above: every table the project has (tests/test_registry.py)
     before, loaded, modules = [dict(t) for t in tables], set(registry._loaded), set(sys.modules)
     yield
     for table, old in zip(tables, before):

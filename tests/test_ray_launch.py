@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import LauncherConfig
-from pipeline.launch import LaunchError, _absolute_uri, ray_launch, ray_workers
+from pipeline.launch import LaunchError, ray_launch, ray_workers
+from pipeline.tracking import absolute_uri
 from tests import launcher_step
 
 
@@ -49,11 +50,11 @@ def test_a_cpu_cluster_gets_a_worker_per_node_with_the_nodes_cores():
 
 def test_a_relative_tracking_store_is_named_absolutely_for_the_workers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert _absolute_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
-    assert _absolute_uri("mlruns") == str(tmp_path.resolve() / "mlruns")
-    assert _absolute_uri("file:./mlruns") == str(tmp_path.resolve() / "mlruns")
+    assert absolute_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert absolute_uri("mlruns") == str(tmp_path.resolve() / "mlruns")
+    assert absolute_uri("file:./mlruns") == str(tmp_path.resolve() / "mlruns")
     for kept in ("sqlite:////srv/m.db", "http://127.0.0.1:5000", "postgresql://u@127.0.0.1/db", "/srv/mlruns"):
-        assert _absolute_uri(kept) == kept
+        assert absolute_uri(kept) == kept
 
 
 @pytest.mark.slow

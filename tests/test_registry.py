@@ -50,6 +50,19 @@ TABLES = {  # what an entry is called -> (the registry, its built-in names in or
 }
 
 
+def test_every_table_of_the_project_is_here_and_restored_by_the_fixture():
+    # The tables of every pipeline module (imported above): each has its error-shape case in TABLES, and each is one
+    # that conftest.py's `registries` restores (`registry.tables()`: every Registry made).
+    import sys
+
+    from pipeline import registry
+
+    found = {id(v) for name, m in list(sys.modules.items()) if name.startswith("pipeline")
+             for v in vars(m).values() if isinstance(v, Registry)}
+    assert found == {id(t) for t, _ in TABLES.values()}
+    assert found <= {id(t) for t in registry.tables()}
+
+
 @pytest.mark.parametrize("what", TABLES)
 def test_every_extension_point_is_a_registry_with_one_error_shape(what):
     table, known = TABLES[what]

@@ -37,7 +37,7 @@ from pipeline.problems.base import (
     answer_line_value,
     check_source,
 )
-from pipeline.registry import Registry
+from pipeline.registry import Registry, name_in
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # `datasets` packaged builders
 # Model text handed to math-verify is capped: its parser's run time grows with the input (gsm8k.py's reason).
@@ -280,7 +280,7 @@ class DatasetConfig(ProblemSetConfig):
         "Where a solution states its gold answer: group 1 of the regex's last match. None: the last \\boxed{} "
         "(latex) or Answer: line (number)."))
     solution_strip: str | None = Field(None, description="A regex removed from solutions (GSM8K's <<48/2=24>> annotations).")
-    answer_format: str = Field("latex", description=(
+    answer_format: name_in(ANSWER_FORMATS) = Field("latex", description=(
         "Answer format (pipeline.problems.dataset ANSWER_FORMATS): number: a completion's Answer: line, compared as numbers; "
         "latex: its last \\boxed{}, compared by "
         "math-verify (fractions, radicals, intervals, expressions); a number-format solution is rewritten to end "
@@ -307,12 +307,6 @@ class DatasetConfig(ProblemSetConfig):
     @classmethod
     def _regex(cls, v: str | None, info) -> str | None:
         return _check_regex(v, f"dataset.{info.field_name}")
-
-    @field_validator("answer_format")
-    @classmethod
-    def _known_answer_format(cls, v: str) -> str:
-        ANSWER_FORMATS[v]  # an unknown one: the registry's error, listing the known ones
-        return v
 
     @field_validator("step_separator")
     @classmethod

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.dtypes import DtypeSetting
 from pipeline.rm_kinds import AGGREGATIONS, PRM_TARGETS, RM_KINDS, check_layout, prm_head
+from pipeline.registry import name_in
 from pipeline.sections import LoraSection, Section
 from pipeline.step_rewards import ORACLES
 
@@ -41,9 +42,9 @@ class RewardModelSection(Section):
     """`reward_model:` but for the kinds' own sections, which `pipeline.config` adds from the table."""
 
     kinds: list[str] = Field(["prm", "orm"], min_length=1, description="Reward models retrained each round.")
-    target: str = Field("soft", description=(
+    target: name_in(PRM_TARGETS) = Field("soft", description=(
         "PRM target (pipeline.rm_kinds PRM_TARGETS): hard (HE) or soft (SE) MC labels."))
-    aggregation: str = Field("min", description=(
+    aggregation: name_in(AGGREGATIONS) = Field("min", description=(
         "A solution's PRM score from its step scores (pipeline.rm_kinds AGGREGATIONS): the minimum (Math-Shepherd), "
         "the last step's, or their product."))
     replay_fraction: float = Field(0.1, ge=0, le=1, description="Share of the historical shards replayed in each retraining.")
@@ -100,18 +101,6 @@ class RewardModelSection(Section):
     def _known_kinds(cls, v: list[str]) -> list[str]:
         for kind in v:
             RM_KINDS[kind]  # an unknown one: the registry's error, listing the known ones
-        return v
-
-    @field_validator("aggregation")
-    @classmethod
-    def _known_aggregation(cls, v: str) -> str:
-        AGGREGATIONS[v]  # an unknown one: the registry's error, listing the known ones
-        return v
-
-    @field_validator("target")
-    @classmethod
-    def _known_target(cls, v: str) -> str:
-        PRM_TARGETS[v]  # an unknown one: the registry's error, listing the known ones
         return v
 
     @field_validator("oracle")

@@ -11,11 +11,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from pipeline.launchers import LAUNCHERS
 from pipeline.modes import supervision_mode
-from pipeline.registry import Registry
+from pipeline.registry import Registry, name_in
 from pipeline.sections import Section
 
 
@@ -46,15 +46,9 @@ ORM_LOSSES: Registry[OrmLoss] = Registry("ORM loss", OrmLoss, {
 
 
 class OrmSection(KindSection):
-    loss: str = Field("bce", description=(
+    loss: name_in(ORM_LOSSES) = Field("bce", description=(
         "ORM loss (pipeline.rm_kinds.sections ORM_LOSSES): BCE on outcomes (bce), or pairwise (Bradley-Terry, TRL's "
         "RewardTrainer) on correct/incorrect pairs of one prompt."))
-
-    @field_validator("loss")
-    @classmethod
-    def _known_loss(cls, v: str) -> str:
-        ORM_LOSSES[v]  # an unknown one: the registry's error, listing the known ones
-        return v
 
 
 def check_orm(cfg) -> None:
