@@ -1,7 +1,7 @@
 """Is a later policy better than round 0's beyond the evaluation's noise?
 
 Evaluates policies (rounds of a run directory, or checkpoints given with --policy) on the same held-out
-problems, with the run's own eval settings (greedy, `eval.samples_per_problem` samples at its temperature),
+problems, with the run's own eval settings and dtype (greedy, `eval.samples_per_problem` samples at its temperature),
 and prints greedy, Pass@1 and Maj@n for each, each one's difference from the first, and the difference's
 standard error from the per-problem differences (paired: every policy answers the same problems, so the
 problems' difficulty cancels; the unpaired SE beside it is what two independent evaluations would give).
@@ -43,7 +43,7 @@ def per_problem(cfg, problem_set, problems: list, policy: Path, seed: int) -> di
     """Greedy correctness, Pass@1 and Maj@n of each problem (0/1 or expected values), as the eval phase samples."""
     e = cfg.eval
     render = renderer_from_config(cfg, load_tokenizer(str(policy))).render
-    with open_sampler(str(policy), e, cfg.collect) as sampler:
+    with open_sampler(str(policy), e, cfg.collect, cfg.policy.dtype) as sampler:  # as the run's eval phase
         ev = evaluate_policy(sampler, problem_set, problems, n=e.samples_per_problem, seed=seed,
                              prompts=[render(p) for p in problems])
     n = e.samples_per_problem

@@ -472,7 +472,9 @@ def _whole_weights(model: PreTrainedModel):
 def _write_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path,
                       record: dict | None = None) -> Path:
     if hasattr(model, "merge_and_unload"):
-        model = model.merge_and_unload()
+        # A bf16 base (pipeline.dtypes.lora_base_dtype) is merged in float32: the adapter's update, often under
+        # bf16's resolution of the weight it adds to, would otherwise round away.
+        model = model.float().merge_and_unload()
     with atomic_path(path, directory=True) as tmp:  # the old checkpoint stays whole until the new one is in
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -11,6 +11,7 @@ from datasets import Dataset
 
 from models import char_tokenizer, load_policy, save_model, tiny_policy
 from models.factories import apply_lora
+from pipeline.dtypes import lora_base_dtype
 from pipeline.config import PipelineConfig
 from pipeline.passthrough import sft_config
 from pipeline.problems import problem_set_from_config
@@ -33,7 +34,7 @@ def initial_policy(cfg: PipelineConfig):
             t.max_position_embeddings, seed=cfg.run.seed,
         )
         return model, tokenizer
-    return load_policy(cfg.policy.model)
+    return load_policy(cfg.policy.model, lora_base_dtype(cfg.policy.dtype, cfg.policy.lora is not None))
 
 
 def run_bootstrap(cfg: PipelineConfig, out_dir: str | Path, callbacks=None) -> BootstrapResult:

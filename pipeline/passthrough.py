@@ -20,7 +20,11 @@ def grpo_config(cfg: PipelineConfig, output_dir: str, **overrides: Any):
     """Build TRL's GRPOConfig from the YAML pass-through (our derived values fill only what is unset)."""
     from trl import GRPOConfig
 
+    from pipeline.dtypes import lora_base_dtype
+
+    base = lora_base_dtype(cfg.policy.dtype, cfg.policy.lora is not None)  # TRL loads the policy in it
     args = {"report_to": "none", "seed": cfg.run.seed, **RESUMABLE, **device_defaults(cfg.policy.dtype),
+            "model_init_kwargs": {"dtype": str(base).removeprefix("torch.")},
             **checkpointing_defaults(GRPOConfig, {**memory_defaults(cfg), **cfg.grpo})}
     args.update(cfg.grpo)
     args.update(overrides)

@@ -179,3 +179,66 @@ def test_bf16_sft_keeps_float32_weights_and_trains_them(tmp_path):
     after = trainer.model.state_dict()
     assert all(v.dtype == torch.float32 for v in after.values())  # master weights: float32
     assert any(not torch.equal(before[k], after[k]) for k in before)  # and trained
+
+
+def test_round_noise_samples_in_the_runs_dtype(tmp_path, tiny_policy_dir, monkeypatch):
+    """experiments/round_noise.py evaluates in the run's `policy.dtype`, as its eval phase did (it sampled in float32
+    whatever the run's dtype, so a bf16 run's rounds were compared in another precision than they were evaluated)."""
+    from experiments import round_noise
+    from pipeline.loading import config_from_dict
+    from pipeline.problems import problem_set_from_config
+    from tests.helpers import mini_config
+
+    data = mini_config(tmp_path)
+    data["policy"]["dtype"] = "bfloat16"
+    data["eval"].update(samples_per_problem=2, best_of_n=[2], max_new_tokens=4)
+    cfg = config_from_dict(data)
+    ps = problem_set_from_config(cfg)
+    loaded = []
+    real = round_noise.open_sampler
+
+    def recording(path, c, fanout=None, dtype="float32"):  # the real sampler, its dtype noted
+        loaded.append(dtype)
+        return real(path, c, fanout, dtype)
+
+    monkeypatch.setattr(round_noise, "open_sampler", recording)
+    values = round_noise.per_problem(cfg, ps, ps.test[:2], tiny_policy_dir, seed=0)
+    assert loaded == ["bfloat16"] and len(values["pass@1"]) == 2
+
+
+def test_a_lora_base_trains_in_bf16_only_where_the_setting_resolves_to_it(tmp_path, monkeypatch):
+    """With a LoRA adapter the frozen base is loaded in bf16 under `auto` on a bf16 CPU (TRL's GRPO load and the SFT's
+    alike); every weight that trains stays float32, and so does a run without an adapter or on an AVX2 CPU."""
+    from pipeline.dtypes import lora_base_dtype
+    from pipeline.passthrough import grpo_config
+
+    monkeypatch.setattr(pipeline.dtypes, "cpu_flags", lambda: frozenset(SAPPHIRE_RAPIDS))
+    lora = {"lora": {"r": 4, "alpha": 8}}
+    auto = config_from_dict({"policy": {"dtype": "auto", **lora}}, check_trl=False)
+    assert grpo_config(auto, str(tmp_path)).model_init_kwargs == {"dtype": "bfloat16"}
+    assert lora_base_dtype("auto", lora=True) == torch.bfloat16 and lora_base_dtype("auto", lora=False) == torch.float32
+    full = config_from_dict({"policy": {"dtype": "auto"}}, check_trl=False)
+    assert grpo_config(full, str(tmp_path)).model_init_kwargs == {"dtype": "float32"}
+    monkeypatch.setattr(pipeline.dtypes, "cpu_flags", lambda: frozenset(HASWELL))
+    assert grpo_config(auto, str(tmp_path)).model_init_kwargs == {"dtype": "float32"}
+
+
+def test_a_bf16_base_keeps_its_adapters_update_when_merged(tmp_path, tiny_policy_dir):
+    """An adapter's update far under bf16's resolution of the weights it adds to survives the merge on save: the
+    checkpoint holds the bf16 base plus the update in float32 (merged in bf16, the update rounded away)."""
+    from models import apply_lora, save_model
+
+    model, tok = load_policy(str(tiny_policy_dir), torch.bfloat16)
+    model = apply_lora(model, 4, 4, 0.0, ["q_proj"], "CAUSAL_LM")
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert layer.lora_A["default"].weight.dtype == torch.float32  # the adapter trains in float32
+    with torch.no_grad():
+        layer.lora_A["default"].weight.fill_(1e-3)
+        layer.lora_B["default"].weight.fill_(1e-3)
+    base = layer.base_layer.weight.detach().float().clone()
+    update = (layer.lora_B["default"].weight @ layer.lora_A["default"].weight).detach()  # 4 * 1e-6 a weight, scale 1
+    save_model(model, tok, tmp_path / "merged")
+    merged, _ = load_policy(str(tmp_path / "merged"))
+    got = merged.model.layers[0].self_attn.q_proj.weight.detach()
+    assert torch.allclose(got, base + update, rtol=0, atol=1e-9)
+    assert not torch.equal(got, base)
