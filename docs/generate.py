@@ -84,9 +84,43 @@ def commands_table() -> str:
     return "\n".join(["| command | what |", "|---|---|", *rows]) + "\n"
 
 
+TIMINGS = ROOT / "docs" / "lab" / "timings.json"  # the README's Timings rows, as measured (issue 57, point 5)
+
+
+def cpu_words(machine: str) -> str:
+    """'Intel Xeon, 2 cores, AVX-512' from a kept unit's `machine` (experiments/runner.py's `machine`).
+
+    >>> cpu_words("Intel(R) Xeon(R) Processor, 2 cores, torch 2.13.0+cpu, AVX512 kernels (native), 2 threads")
+    'Intel Xeon, 2 cores, AVX-512'
+    """
+    cpu, _, rest = machine.partition(", torch ")
+    isa = next((p.split()[0] for p in rest.split(", ") if "kernels" in p), "")
+    return re.sub(r"\(R\)| Processor", "", cpu) + (", " + re.sub(r"AVX(\d)", r"AVX-\1", isa) if isa else "")
+
+
+def timings_table() -> str:
+    """The README's Timings: one row per README command, from docs/lab/timings.json and the quickstart's kept unit."""
+    import json
+
+    t = json.loads(TIMINGS.read_text())
+    q, c = t["quickstart"], t["tests"]
+    unit = json.loads((ROOT / q["unit"]).read_text())
+    idle = lambda row: ", idle" if row["idle"] else ""  # noqa: E731
+    rows = [
+        f"| the quickstart | the run {unit['seconds']:.0f} s ({unit['seconds'] / 60:.1f} min, "
+        f"[results](docs/results.md#the-quickstart-learns-issue-47)), plus installs: ~{q['installs_warm_minutes']:g} "
+        f"min with pip's cache warm, ~{q['installs_cold_minutes']:g} min cold ({q['installs_cold_commit']}) | "
+        f"{cpu_words(unit['machine'])}{idle(q)} | {unit['commit']} |",
+        f"| the tests | `{c['command']}` in {c['where'].replace('TMPDIR', '`TMPDIR`')}: {c['seconds']:.0f} s "
+        f"({c['seconds'] / 60:.1f} min): installs ~{c['installs_seconds']:.0f} s, {c['tests']} tests in "
+        f"{c['pytest_seconds']:.1f} s on both cores (`-n {c['workers']}`) | {c['machine']}{idle(c)} | {c['commit']} |",
+    ]
+    return "\n".join(["| command | time | machine | commit |", "|---|---|---|---|", *rows]) + "\n"
+
+
 # page -> the regions it holds, by name
 PAGES = {
-    "README.md": {"modes": modes_table, "rm-kinds": kinds_table, "commands": commands_table},
+    "README.md": {"modes": modes_table, "rm-kinds": kinds_table, "commands": commands_table, "timings": timings_table},
     "docs/supervision.md": {"modes": modes_table},
     "docs/reward-models.md": {"rm-kinds": kinds_table},
     "docs/config.md": {"config": config_reference},

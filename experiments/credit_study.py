@@ -5,16 +5,19 @@ Tasks: `quickstart` (configs/quickstart.yaml: 2-3-operation chains, slips on the
 task's config plus its overrides (`ARMS`), in `<runs-dir>/<task>/<arm>-s<seed>`, from the seed's SFT policy,
 trained once (`sft-s<seed>`) as `python -m experiments` does; each finished unit's figures are kept in
 `docs/experiments/credit/<task>/<unit>.json`, and the report, the section "Process rewards that pay" of
-docs/results.md, is rebuilt from them after every unit (the rest of that file is experiments/report.py's); the
-verdicts written by hand under its tables (paragraphs opening "**What held") are kept.
+docs/results.md, is rebuilt from them after every unit (the rest of that file is experiments/report.py's); its
+verdicts are written from the same units (experiments/credit_verdicts.py), each in a region of its own (a paragraph
+written by hand under the tables, opening "**What held", is kept, but docs/results.md may hold none:
+tests/test_figures_kept.py).
 
   verifier             GRPO, outcome supervision by the verifier (the baseline every gap is taken against)
   oracle               process supervision, the gold step labels as the step values (DeepSeekMath's sum credit)
   oracle-progress      hybrid: the verifier's outcome advantage + each token's own step's progress (PAV), gold values
-  mc-progress          as oracle-progress, online Monte-Carlo values (VinePPO: 4 rollouts of the current policy from
-                       each step prefix, during GRPO; no learned RM in GRPO)
+  mc-progress          as oracle-progress (hybrid), online Monte-Carlo values (VinePPO's: 4 rollouts of the current
+                       policy from each step prefix, during GRPO; no learned RM in GRPO)
   mc-progress-wc       mc-progress at the verifier's wall-clock: GRPO steps cut to what the verifier's GRPO phase
                        does in the same time (issue 47, point 5)
+  vineppo              VinePPO itself: process mode, each token its step's MC progress alone (no outcome term)
   prm-progress         as oracle-progress, the learned PRM's values (the task's PRM: a value head)
   implicit             hybrid (sum credit), the implicit PRM's step values; no Monte-Carlo rollouts at all
   implicit-prime       PRIME: the implicit PRM's token rewards and the outcome, leave-one-out baselines, returns,
@@ -38,7 +41,7 @@ import sys
 from pathlib import Path
 
 from bench._common import ROOT, table
-from experiments import quickstart_seeds, smollm2_control
+from experiments import credit_verdicts, quickstart_seeds, smollm2_control
 from experiments.credit_arms import ARMS
 from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, verdict, with_study, write_region
 from experiments.runner import Experiments, restart_pinned, run_figures, stoppable
@@ -50,6 +53,7 @@ CENTRED = "supervision.process_centring=group"
 FROZEN = "docs/experiments/study47"  # issue 47's study: every unit of it from one commit (`--frozen`)
 LEARNED = ("prm-progress", "implicit", "implicit-prime", "labeltoken-progress")  # the arms whose step values a learned RM gives
 KEYS = ("eval/maj@8", "eval/greedy", "eval/pass@1")
+ROOM, MIN_GAIN = (0.5, 0.8), 0.05  # a task with room (issue 47, point 4): the verifier's round-0 Maj@8, its gain
 
 
 WEIGHTED = re.compile(r"(.+)-w(\d+(?:\.\d+)?)")
@@ -153,6 +157,12 @@ def region(name: str, lines: list[str]) -> list[str]:
     return [f"<!-- generated: {name} -->", *lines, GENERATED_END]
 
 
+def verdict_region(name: str, lines: list[str] | None) -> list[str]:
+    """A verdict's region and the blank line after it (experiments/credit_verdicts.py; none until its units are
+    kept)."""
+    return [*region(name, lines), ""] if lines else []
+
+
 def report(a: argparse.Namespace, out: Path) -> Path:
     """Rewrite the study's section of `out` (docs/results.md), between its markers, from the kept figures."""
     studies = {task: Study(a, task) for task in TASKS}
@@ -167,7 +177,8 @@ def report(a: argparse.Namespace, out: Path) -> Path:
                      + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]])]),
           "", "### The quickstart learns (issue 47)", "", *region("quickstart-learns", quickstart_seeds.section()), "",
           *frozen_section(a), "### SmolLM2 with a control (issue 47): arithmetic, not GSM8K", "",
-          *region("smollm2-control", smollm2_control.section()), ""]
+          *region("smollm2-control", smollm2_control.section()), "",
+          *verdict_region("smollm2-verdict", credit_verdicts.smollm2(*smollm2_control.kept_files()))]
     for task in TASKS:
         if not (units := kept[task]):
             md += [f"### {task}", "", "Not measured yet.", ""]
@@ -183,6 +194,8 @@ def report(a: argparse.Namespace, out: Path) -> Path:
                if per_problem else "Per problem: **not kept** (these units kept no per-problem eval figures, so "
                "no per-problem paired SE can be given for them)."),
             "", *task_section(units, a.rounds)]), ""]
+    md += verdict_region("credit-verdict", credit_verdicts.issue39(kept, {t: figures(k) for t, k in kept.items()},
+                                                                   a.rounds))
     out_text = out.read_text() if out.exists() else ""
     # The verdicts written by hand under the tables (paragraphs opening "**What held") are kept as written.
     old = out_text.partition(BEGIN)[2].partition(END)[0]
@@ -192,8 +205,8 @@ def report(a: argparse.Namespace, out: Path) -> Path:
 
 
 def room(units: dict[str, dict], last: int) -> list[str]:
-    """Issue 47's test of a task with room (point 4), on its verifier arm: per seed, round 0's Maj@8 within
-    [0.5, 0.8] and the gain to round `last` at least 0.05, with the gain's paired SE per eval problem."""
+    """Issue 47's test of a task with room (point 4), on its verifier arm: per seed, round 0's Maj@8 within `ROOM`
+    and the gain to round `last` at least `MIN_GAIN`, with the gain's paired SE per eval problem."""
     base, rows = figures(units).get("verifier", {}), []
     for seed, r in sorted(base.items()):
         if last not in r:
@@ -201,10 +214,10 @@ def room(units: dict[str, dict], last: int) -> list[str]:
         first, end = r[0]["eval/maj@8"], r[last]["eval/maj@8"]
         pp = [r[x].get("per_problem", {}).get("maj@8") for x in (0, last)]
         se = f"{paired_difference(*pp)[1]:.3f}" if None not in pp else "not kept"
-        rows.append([str(seed), f"{first:.3f}", "yes" if 0.5 <= first <= 0.8 else "**no**", f"{end:.3f}",
-                     f"{end - first:+.3f}", se, "yes" if end - first >= 0.05 else "**no**"])
-    return [table(["seed", "verifier Maj@8 round 0", "within [0.5, 0.8]", f"round {last}", "gain", "paired SE",
-                   "gain >= 0.05"], rows)] if rows else ["No verifier unit yet."]
+        rows.append([str(seed), f"{first:.3f}", "yes" if ROOM[0] <= first <= ROOM[1] else "**no**", f"{end:.3f}",
+                     f"{end - first:+.3f}", se, "yes" if end - first >= MIN_GAIN else "**no**"])
+    return [table(["seed", "verifier Maj@8 round 0", f"within [{ROOM[0]}, {ROOM[1]}]", f"round {last}", "gain",
+                   "paired SE", f"gain >= {MIN_GAIN}"], rows)] if rows else ["No verifier unit yet."]
 
 
 def frozen_section(a: argparse.Namespace) -> list[str]:
@@ -227,6 +240,10 @@ def frozen_section(a: argparse.Namespace) -> list[str]:
             "on the same problems with the same sampling seeds, so gaps pair per problem.", "",
             "Room to learn (point 4): the verifier arm per seed.", "", *room(units, a.rounds), "",
             "The arms against the verifier, by the rule above:", "", *task_section(units, a.rounds)]), ""]
+        if task == "quickstart":  # its verdict, with issue 39's long chains for the room they lack
+            md += verdict_region(f"frozen-{task}-verdict", credit_verdicts.issue47(
+                units, figures(units), figures(Study(a, "long-chains").kept()), a.rounds,
+                load_config(ROOT / TASKS[task]).grpo.get("max_steps"), (ROOM, MIN_GAIN)))
     return md
 
 

@@ -5,9 +5,10 @@ or the run directories of arms still running, and `docs/experiments/prm-study/*.
 `--figures`); writes `docs/results.md` (tables: mean ± SD over seeds, gaps between arms mean ± SE and the decision
 rule's verdict, per-seed values at the end; each section's generated part between `<!-- generated: NAME -->` markers,
 which tests/test_results_generated.py remakes from the kept figures), README's results at a glance (`glance`), and
-the PNG plots in `docs/img/`, and logs both to a `summary` run of the MLflow experiment. The verdicts written by hand
-under each section (`**What held ...`) are kept when the report is rebuilt; `docs/lab/results-history.md` is
-linked, never rewritten. The arms, their labels and overrides are the runner's (experiments/runner.py). A rebuild
+the PNG plots in `docs/img/`, and logs both to a `summary` run of the MLflow experiment. Each section's verdict is
+written from the same figures (experiments/verdicts.py), inside its region; a section without one keeps a verdict
+written by hand under it (`**What held ...`), which tests/test_figures_kept.py refuses on docs/results.md, where every
+number is made from the kept units (experiments/pages.py); `docs/lab/results-history.md` is linked, never rewritten. The arms, their labels and overrides are the runner's (experiments/runner.py). A rebuild
 needs no `runs/` and takes seconds:
 
   python -m experiments --report-only
@@ -17,14 +18,28 @@ needs no `runs/` and takes seconds:
 from __future__ import annotations
 
 import collections
-import math
 import re
 import statistics
 from pathlib import Path
 
 from bench._common import table
-from experiments import prm_study  # (its table's rows, for the kept study results)
+from experiments import prm_study, verdicts  # prm_study: its table's rows, for the kept study results
 from experiments.runner import ARMS, EXPLOIT, HYBRID_ARMS, LABELS, MC_NS, Experiments, arm_overrides, rounds_of
+from experiments.stats import (  # noqa: F401 (re-exported: the studies and tests read them here)
+    MIN_SEEDS,
+    at,
+    fmt,
+    fmt_se,
+    gains,
+    holm,
+    mean_se,
+    one_sided_p,
+    paired,
+    pays,
+    seeds_needed,
+    values,
+    verdict,
+)
 from pipeline.rundir import read_json
 
 SUPERVISION_ARMS = ("prm", "orm", "verifier", "rft")  # section 1
@@ -38,7 +53,7 @@ def study_markers(name: str) -> tuple[str, str]:
 
 
 # The studies whose sections results.md holds, in their order (experiments/credit_study.py's, passk_study.py's).
-STUDIES = ("credit-study", "passk-study")
+STUDIES = ("credit-study", "passk-study", "step-credit", "smollm2-budgets")
 BEGIN, END = study_markers("credit-study")
 # A region the report writes (in docs/results.md, README.md's results): tests/test_results_generated.py remakes each.
 GENERATED = re.compile(r"<!-- generated: ([\w-]+) -->\n(.*?)<!-- end generated -->", re.S)
@@ -47,95 +62,13 @@ HISTORY = "lab/results-history.md"  # superseded reports, kept by hand beside th
 PLACEHOLDER = "**What held / what did not:** _to be written from the numbers above; the script does not judge them._"
 
 
-# --- spreads and the decision rule: pure functions of lists of numbers -------------------------------
+# --- the decision rule: `pays` (experiments/stats.py, with the spreads and the figures' accessors, re-exported here) ---
 
 # Issue 47's rule, fixed before the study's runs; `pays` is it, and this paragraph is the one place it is written.
 RULE = ("**The decision rule** (issue 47), fixed before its study's runs: an arm *pays* when its mean gap to the verifier arm of the "
         "same seed (Maj@8 at the last round) is above 0 by at least 2 SE over seeds (SE = SD / sqrt(n)) and it is at "
         "or above the verifier in at least 4 of 5 seeds; on 3 seeds (the quickstart), in all 3. Spreads are labelled: "
         "SE is the standard error of the mean, SD the sample standard deviation over seeds, never a bare ±.")
-
-
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    """The mean of `xs` (per-seed figures) and its standard error, SD / sqrt(n) (nan for one value: no spread to
-    read). Per problem, paired: `pipeline.evaluate.paired_difference`.
-
-    >>> mean_se([0.01, 0.03, 0.02])  # SD 0.01, SE 0.01 / sqrt(3)
-    (0.02, 0.005773502691896258)
-    """
-    n = len(xs)
-    return statistics.mean(xs), statistics.stdev(xs) / n ** 0.5 if n > 1 else float("nan")
-
-
-def seeds_needed(n: int) -> int:
-    """At or above the verifier in how many of n seeds the rule asks: all but one from 5 seeds, every one below."""
-    return n - 1 if n >= 5 else n
-
-
-MIN_SEEDS = 3  # the rule is set for 3 or 5 seeds: below 3 it gives no verdict (two equal gaps have an SE of 0)
-
-
-def pays(gaps: list[float]) -> bool:
-    """`RULE`: the per-seed gaps to the verifier have a mean above 0 by at least 2 SE, and enough seeds are >= 0.
-
-    >>> pays([0.02, 0.03, 0.01, 0.02, -0.001])  # mean 0.016, SE 0.005: 3.0 SE; 4 of 5 at or above
-    True
-    >>> pays([0.005, 0.003, 0.008])  # 3.7 SE, and all 3 seeds at or above
-    True
-    >>> pays([0.02, 0.03, -0.001])  # 3 seeds, one below
-    False
-    """
-    if len(gaps) < MIN_SEEDS:
-        return False
-    mean, se = mean_se(gaps)
-    return mean > 0 and mean >= 2 * se and sum(g >= 0 for g in gaps) >= seeds_needed(len(gaps))
-
-
-def verdict(gaps: list[float]) -> str:
-    """The rule's word for an arm's per-seed gaps: none below 3 seeds, where the rule is not defined.
-
-    >>> verdict([0.003, 0.003]), verdict([0.005, 0.003, 0.008]), verdict([0.02, 0.03, -0.001])
-    ('no verdict (2 seeds)', 'pays', 'does not pay')
-    """
-    if len(gaps) < MIN_SEEDS:
-        return f"no verdict ({len(gaps)} seed{'' if len(gaps) == 1 else 's'})"
-    return "pays" if pays(gaps) else "does not pay"
-
-
-def one_sided_p(z: float) -> float:
-    """P(Z >= z) for a standard normal Z: the one-sided p-value of a gap `z` SEs above 0 (many paired items).
-
-    >>> round(one_sided_p(2.0), 5)  # the 2 SE of the rules here, as a level: alpha = 0.02275
-    0.02275
-    """
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def holm(pvalues: list[float], alpha: float) -> list[bool]:
-    """Holm's step-down procedure (REFERENCE.md, "Deciding among several arms"): which of m one-sided tests pass
-    with the family's error held at `alpha`. Going up from the smallest p, the i-th (0-based) passes while
-    p <= alpha / (m - i); at the first failure it and every larger p fail. Ties keep their order; a NaN p sorts last
-    and fails.
-
-    >>> holm([0.004, 0.014, 0.016, 0.034, 0.12, 0.3], 0.05)  # REFERENCE's example: 0.014 > 0.05 / 5 stops it
-    [True, False, False, False, False, False]
-    >>> holm([0.02, 0.001], 0.05)  # 0.001 <= 0.025 passes, then 0.02 <= 0.05
-    [True, True]
-    """
-    passed, m = [False] * len(pvalues), len(pvalues)
-    for i, j in enumerate(sorted(range(m), key=lambda j: math.inf if math.isnan(pvalues[j]) else pvalues[j])):
-        if not pvalues[j] <= alpha / (m - i):
-            break
-        passed[j] = True
-    return passed
-
-
-def fmt_se(xs: list[float]) -> str:
-    """'+mean ± SE SE' of per-seed gaps ('+mean' for one seed, '-' for none)."""
-    if not xs:
-        return "-"
-    mean, se = mean_se(xs)
-    return f"{mean:+.3f}" + (f" ± {se:.3f} SE" if len(xs) > 1 else "")
 
 
 # --- the figures: arm -> seed -> round -> metric ----------------------------------------------------
@@ -155,34 +88,6 @@ def gather(ex: Experiments, seeds: list[int]) -> dict:
                     continue
             data.setdefault(arm, {})[seed] = rounds
     return data
-
-
-def values(data: dict, arm: str, r: int, key: str) -> list[float]:
-    return [m[r][key] for m in data.get(arm, {}).values() if r in m and key in m[r] and m[r][key] == m[r][key]]
-
-
-def at(data: dict, arm: str, seed: int, r: int, key: str) -> float | None:
-    return data.get(arm, {}).get(seed, {}).get(r, {}).get(key)
-
-
-def fmt(xs: list[float], seeds: int) -> str:
-    """'mean ± sample std SD' over seeds, '(n=k)' when fewer seeds than planned finished; '-' when none."""
-    if not xs:
-        return "-"
-    text = f"{statistics.mean(xs):.3f}" + (f" ± {statistics.stdev(xs):.3f} SD" if len(xs) > 1 else "")
-    return text + (f" (n={len(xs)})" if len(xs) < seeds else "")
-
-
-def gains(data: dict, arm: str, last: int, key: str) -> list[float]:
-    """Per-seed change of `key` from round 0 to round `last` (then averaged: a paired comparison)."""
-    return [m[last][key] - m[0][key] for m in data.get(arm, {}).values()
-            if 0 in m and last in m and key in m[0] and key in m[last]]
-
-
-def paired(data: dict, arm: str, base: str, r: int, key: str) -> list[float]:
-    """Per-seed differences `arm - base` of `key` at round r, over the seeds both finished."""
-    return [m[r][key] - data[base][s][r][key] for s, m in data.get(arm, {}).items()
-            if r in m and key in m[r] and key in data.get(base, {}).get(s, {}).get(r, {})]
 
 
 def fired(data: dict, arm: str, r: int, key: str) -> str:
@@ -302,12 +207,35 @@ def sections(ex: Experiments, command: str, wall: float | None, img: Path | None
         "results-6": issue16_section(ex, data, seeds, rounds, img),
         "results-per-seed": per_seed_section(data, rounds),
     }
+    made = section_verdicts(ex, data, seeds, last)
     md: list[str] = []
-    for name, lines in parts.items():  # a region opens under its title; the verdict, written by hand, stays out
+    for name, lines in parts.items():  # a region opens under its title; a verdict not made yet stays out, by hand
+        if lines[-1] == PLACEHOLDER and made.get(name):
+            lines = [*lines[:-1], *made[name]]
         i = next(k + 1 for k, line in enumerate(lines) if line.startswith("#"))
         body, verdict = (lines[i:-1], ["", lines[-1]]) if lines[-1] == PLACEHOLDER else (lines[i:], [])
         md += [*lines[:i], f"<!-- generated: {name} -->", *body, GENERATED_END, *verdict]
     return md
+
+
+def section_verdicts(ex: Experiments, data: dict, seeds: list[int], last: int) -> dict[str, list[str] | None]:
+    """Each section's verdict from experiments/verdicts.py (None until every unit it reads is kept, and none below the
+    rule's seeds), by region."""
+    if len(seeds) < MIN_SEEDS:
+        return {}
+    units, s0 = ex.kept(), seeds[0]
+    threshold = ex.arm_config("prm", s0).eval.monitor_threshold
+    study = [read_json(p) for p in sorted((ex.figures / "prm-study").glob("*.json"))]
+    return {
+        "results-1": verdicts.supervision(data, seeds, last, units),
+        "results-2": verdicts.reward_model(data, seeds, last, units, threshold,
+                                           ex.arm_config("prm", s0).reward_model.replay_fraction),
+        "results-3": verdicts.pass_maj(data, seeds, last, units),
+        "results-4": verdicts.mc_labels([m for s in seeds if (m := ex.recorded(f"mc-s{s}"))], units, seeds),
+        "results-5": verdicts.best_of_n(data, seeds, last, units),
+        "results-6": verdicts.issue16_goals(data, seeds, last, units, chosen_hybrid(data, s0, last),
+                                            list(HYBRID_ARMS), study),
+    }
 
 
 def header_section(ex: Experiments, data: dict, command: str, wall: float | None) -> list[str]:
@@ -554,7 +482,8 @@ def prm_quality(data: dict, seeds: list[int], rounds: list[int]) -> list[str]:
     auc = [[str(s)] + [cell(s, r) for r in rounds] for s in seeds if s in data.get("prm", {})]
     return ["The prm arm's PRM step AUC against gold, by seed and round: on every eval sample "
             "(`eval/prm_step_auc_gold`: the round's PRM, held-out problems, thousands of steps) and in brackets on the "
-            "RM phase's held-out slice (`prm/step_auc_gold`, ~150 samples). Goal: >= 0.85 in every round and seed.", "",
+            "RM phase's held-out slice of the shard's prompts (`prm/step_auc_gold`). Goal: >= 0.85 in every round and "
+            "seed.", "",
             table(["seed"] + [f"round {r}" for r in rounds], auc)]
 
 
@@ -612,15 +541,19 @@ def keep_study(text: str, old: Path) -> str:
 
 
 def with_study(text: str, block: str, name: str = "credit-study") -> str:
-    """`text` with the study `name`'s `block` in place of its own; else after the other studies' sections, or before
-    the first section (the older ones after it, as history), or at the end of a text with none."""
+    """`text` with the study `name`'s `block` in place of its own; else in its place among the other studies' sections
+    (`STUDIES`' order), or before the first section (the older ones after it, as history), or at the end of a text
+    with none."""
     begin, end = study_markers(name)
     if begin in text:
         head, _, rest = text.partition(begin)
         return head + block + rest.partition(end)[2]
-    ends = [text.index(e) + len(e) for other in STUDIES if other != name and (e := study_markers(other)[1]) in text]
+    order = STUDIES.index(name) if name in STUDIES else len(STUDIES)  # its place among the studies' sections
+    ends = [text.index(e) + len(e) for other in STUDIES[:order] if (e := study_markers(other)[1]) in text]
     if ends:
         return text[:max(ends)] + "\n\n" + block + text[max(ends):]
+    if starts := [text.index(b) for other in STUDIES[order + 1:] if (b := study_markers(other)[0]) in text]:
+        return text[:min(starts)] + block + "\n\n" + text[min(starts):]
     head, sep, rest = text.partition("\n## ")
     return head + "\n" + block + "\n" + sep + rest if sep else text + "\n" + block + "\n"
 

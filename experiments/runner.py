@@ -307,11 +307,40 @@ def per_problem_of(run_dir: Path) -> dict[int, dict]:
     return {r: pp for r, p in paths.items() if p.exists() and (pp := read_json(p).get("per_problem"))}
 
 
-def run_figures(run_dir: Path) -> dict:
-    """What a unit keeps of a finished pipeline run: its rounds' metrics (`rounds_of`) and, where eval.json kept
-    them, each round's per-problem figures (`per_problem`, round as a string key, as JSON gives it back)."""
+def grpo_seconds(run_dir: Path, tracking_uri: str | None = None) -> dict[str, float]:
+    """RL round (a string key, as JSON gives it back) -> its GRPO phase's `train_runtime`, the trainer's own seconds
+    of training (a resumed phase's: its last stretch's), read from the run's MLflow runs (the manifest's ids; the
+    store is `tracking_uri`, else the one the run's config names). {} for a run that recorded no GRPO run.
+
+    Raises:
+        ValueError: a recorded GRPO run without `train_runtime` (not a finished GRPO phase).
+    """
+    manifest = Manifest.load(run_dir)
+    runs = {r: rid for key, rid in manifest.data["mlflow"].items()
+            if key.endswith("/policy") and (r := round_of(key.split("/")[0]))}  # round 0's policy is SFT's, if any
+    if not runs:
+        return {}
+    from mlflow import MlflowClient
+
+    uri = tracking_uri or manifest.data["config"].get("tracking", {}).get("tracking_uri")
+    client, out = MlflowClient(uri), {}
+    for r, rid in sorted(runs.items()):
+        if (seconds := client.get_run(rid).data.metrics.get("train_runtime")) is None:
+            raise ValueError(f"{run_dir}: MLflow run {rid} (round {r}'s policy) has no train_runtime: is it a finished "
+                             "GRPO phase?")
+        out[str(r)] = seconds
+    return out
+
+
+def run_figures(run_dir: Path, tracking_uri: str | None = None) -> dict:
+    """What a unit keeps of a finished pipeline run: its rounds' metrics (`rounds_of`), each RL round's GRPO
+    `train_runtime` (`grpo_seconds`: what an equal-wall-clock arm is set from, experiments/credit_arms.py
+    `verifier_matched`) and, where eval.json kept them, each round's per-problem figures (`per_problem`, round as a
+    string key, as JSON gives it back)."""
     pp = {str(r): m for r, m in per_problem_of(run_dir).items()}
-    return {"rounds": rounds_of(run_dir), **({"per_problem": pp} if pp else {})}
+    grpo = grpo_seconds(run_dir, tracking_uri)
+    return {"rounds": rounds_of(run_dir), **({"grpo_seconds": grpo} if grpo else {}),
+            **({"per_problem": pp} if pp else {})}
 
 
 def stoppable(prog: str, work) -> None:

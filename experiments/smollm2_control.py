@@ -51,15 +51,13 @@ def keep(runs_dir: Path, tracking_uri: str, commit: str, figures: Path = FIGURES
         parent = client.get_run(ids["parent"]).info
         if parent.end_time is None:
             raise SystemExit(f"{run}: its MLflow run {ids['parent']} has not ended; finish the arm first")
-        grpo = {}
-        for key, rid in sorted(ids.items()):
-            if key.endswith("/policy") and key != "round-000/policy":
-                if (seconds := client.get_run(rid).data.metrics.get("train_runtime")) is None:
-                    raise SystemExit(f"{run}: MLflow run {rid} ({key}) has no train_runtime: is it a finished GRPO phase?")
-                grpo[str(round_of(key.split("/")[0]))] = seconds
+        try:
+            figures_of_run = run_figures(run, tracking_uri)  # its GRPO runtimes from the same MLflow runs
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
         records[arm] = {"arm": arm, "overrides": STUDY_ARMS[arm], "commit": commit, "date": time.strftime("%Y-%m-%d"),
                         "machine": where, "seconds": (parent.end_time - parent.start_time) / 1000,
-                        "grpo_seconds": grpo, **run_figures(run)}
+                        "grpo_seconds": {}, **figures_of_run}
     return [write_json_atomic(figures / f"{arm}.json", record) for arm, record in records.items()]
 
 
@@ -79,14 +77,22 @@ def gap(before: list[float], after: list[float]) -> str:
     return f"{mean:+.3f} ± {se:.3f} SE" + (f" ({mean / se:+.1f} SE)" if se else "")
 
 
+def kept_files(figures: Path = FIGURES) -> tuple[dict[str, dict], dict | None]:
+    """The arms' kept files (arm -> its record) and round_noise.py's (None before it ran)."""
+    arms = {arm: read_json(p) for arm in ARMS if (p := ROOT / figures / f"{arm}.json").exists()}
+    return arms, read_json(ROOT / figures / NOISE) if (ROOT / figures / NOISE).exists() else None
+
+
 def section(figures: Path = FIGURES) -> list[str]:
-    """The region's lines: each arm's rounds on the 100 held-out problems, and the paired gaps on the 400."""
-    kept = {arm: read_json(p) for arm in ARMS if (p := ROOT / figures / f"{arm}.json").exists()}
-    noise = read_json(ROOT / figures / NOISE) if (ROOT / figures / NOISE).exists() else None
+    """The region's lines: each arm's rounds on the held-out problems, and the paired gaps on round_noise.py's."""
+    kept, noise = kept_files(figures)
     if not kept or noise is None:
         return ["Not measured yet."]
     commits, machines = sorted({k["commit"] for k in kept.values()}), sorted({k["machine"] for k in kept.values()})
-    rows = []
+    rows, first = [], next(iter(kept.values()))
+    pp = first.get("per_problem", {}).get("0", {})
+    problems = f" {len(pp['greedy'])}" if "greedy" in pp else ""  # per problem, where the arm kept them
+    samples = max(int(k.split("@")[1]) for k in first["rounds"]["0"] if k.startswith("eval/maj@"))
     for arm, k in kept.items():
         for r, m in sorted(k["rounds"].items(), key=lambda x: int(x[0])):
             seconds, base = k["grpo_seconds"].get(r), kept.get("verifier", {}).get("grpo_seconds", {}).get(r)
@@ -98,8 +104,8 @@ def section(figures: Path = FIGURES) -> list[str]:
              + " (the verifier's includes round 0's SFT, which the other arm reuses). Overrides of "
              "configs/smollm2-arith.yaml: " + "; ".join(f"`{arm}`: " + " ".join(f"`{o}`" for o in k["overrides"])
                                                        for arm, k in kept.items()) + ".", "",
-             "Each round on the 100 held-out problems (the pipeline's own evaluation: greedy, and 4 samples at "
-             "T = 0.7), with the GRPO phase's `train_runtime`:", "",
+             f"Each round on the{problems} held-out problems (the pipeline's own evaluation: greedy, and {samples} "
+             "samples at the config's temperature), with the GRPO phase's `train_runtime`:", "",
              table(["arm", "round", "greedy", "Pass@1", "Maj@4", "GRPO seconds"], rows), ""]
     seed = sorted(noise["per_problem"], key=int)[0]
     values = {policy(p): noise["per_problem"][seed][n] for n, p in noise["policies"].items()}

@@ -79,7 +79,8 @@ class PolicyConfig(Section):
     lora: LoraSection | None = Field(None, description="Train a LoRA adapter instead of all weights (merged on save).")
     dtype: DtypeSetting = Field("float32", description=(
         "The policy's precision in every phase and process (pipeline/dtypes.py): bfloat16 loads it in bf16 to sample "
-        "(collection, evaluation, MC rollouts) and trains it (SFT, GRPO) under bf16 autocast over float32 weights; "
+        "(collection, evaluation, MC rollouts) and trains it (SFT, GRPO) under bf16 autocast over float32 weights (a "
+        "LoRA run's frozen base in bf16); "
         "auto: bfloat16 on a CUDA GPU with bf16 or a CPU with AMX or AVX512-BF16, float32 elsewhere. Recorded in the "
         "manifest and MLflow (igrpo.dtype); a resume in another dtype is refused."))
 

@@ -212,11 +212,11 @@ def test_every_arm_of_the_credit_study_is_a_config_the_pipeline_accepts():
         for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS if x not in ("verifier", "implicit-prime")),
                     *(f"{x}{v}" for x in hybrid for v in ("-w3", "-w0.5-centred"))]:
             cfg = study.load_config(study.ROOT / path, study.overrides(arm))
-            s = cfg.supervision
-            assert s.mode == ("outcome" if arm == "verifier" else "process" if arm.removesuffix("-centred")
-                              in ("oracle", "implicit-prime") else "hybrid"), (task, arm)
+            s, base = cfg.supervision, arm.removesuffix("-centred")
+            assert s.mode == ("outcome" if arm == "verifier" else "process" if base
+                              in ("oracle", "implicit-prime", "vineppo") else "hybrid"), (task, arm)
             assert (s.process_reward == "prime") == (arm == "implicit-prime"), (task, arm)
-            assert (s.process_reward == "progress") == ("progress" in arm), (task, arm)
+            assert (s.process_reward == "progress") == ("progress" in arm or base == "vineppo"), (task, arm)
             assert (s.process_centring == "group") == arm.endswith("-centred"), (task, arm)
             assert s.process_weight == (3.0 if "-w3" in arm else 0.5 if "-w0.5" in arm else 1.0), (task, arm)
         implicit = study.load_config(study.ROOT / path, study.overrides("implicit"))

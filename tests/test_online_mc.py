@@ -8,6 +8,8 @@ verdicts are fixed by hand, so every value below is a count of accepted endings 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import TrainerCallback
@@ -22,7 +24,7 @@ from pipeline.policy import value_source
 from pipeline.problems import EmbeddedArithmetic, Problem
 from pipeline.problems.arithmetic import format_prompt, format_solution
 from pipeline.rewards import reward_models_needed
-from tests.helpers import SIZES, mini_config
+from tests.helpers import ROOT, SIZES, mini_config
 
 ARITH = EmbeddedArithmetic(num_train=20, num_test=5)
 A = Problem("a", format_prompt(7, [("+", 5), ("*", 3), ("-", 4)]), "32",
@@ -94,6 +96,66 @@ def test_the_scorer_refuses_an_unknown_prompt_and_no_rollouts():
 def test_mc_seed_depends_on_the_seed_the_step_and_the_process_only():
     seeds = {mc_seed(s, step, p) for s in range(3) for step in range(50) for p in range(4)}
     assert len(seeds) == 3 * 50 * 4
+
+
+def vineppo_reference(text: str, values: list[float]) -> list[float]:
+    """VinePPO's token advantages by a plain loop (arXiv 2410.01679, §4; McGill-NLP/VinePPO's
+    `_compute_step_advantages`): with V(s_0) .. V(s_K) the values before the first step and after each, step k's
+    advantage is V(s_k) - V(s_(k-1)), on each of its tokens (one a character here); the eos gets the last step's."""
+    steps = re.findall(r"[^\n]*\n|[^\n]+", text)  # a line a step, its newline in it
+    assert len(values) == len(steps) + 1
+    advantages = [after - before for before, after in zip(values, values[1:])]
+    return [a for a, step in zip(advantages, steps) for _ in step] + [advantages[-1]]
+
+
+def test_the_vineppo_arm_trains_on_the_mc_advantage_alone_and_mc_progress_adds_the_outcome():
+    """Issue 57, point 3: the arm `vineppo` gives every token of step k VinePPO's advantage V(s_k) - V(s_(k-1)), with
+    V(s_0) the prompt's value (the group's other outputs' mean outcome: an MC estimate of the empty prefix by the same
+    policy), the online MC values between, and the verifier's outcome after the last step; no outcome term, nothing
+    normalised (TRL's scale_rewards reaches none of it). `mc-progress` differs in its mode alone, and adds TRL's
+    group-normalised outcome advantage to the same.
+
+    Worked example, a group of 3 (the completions of the first test, less the blank), outcomes [0, 1, 0], so
+    V(s_0) = [1/2, 0, 1/2], the leave-one-out means; the values from VERDICTS' counts of 4:
+      the slip:        V = 1/2, 3/4, 1/4, 0, 0 (wrong)         A = +1/4, -1/2, -1/4, 0
+      right:           V = 0, 3/4, 1, 3/4, 1 (right)            A = +3/4, +1/4, -1/4, +1/4
+      an early answer: V = 1/2, 3/4, 0 (settled: 12), 0 (wrong) A = +1/4, -3/4, 0
+    """
+    from experiments.credit_arms import ARMS
+    from pipeline.advantages import extend_last_step, outcome_advantages
+    from pipeline.grpo_trainer import completion_steps, scored_steps
+    from pipeline.loading import load_config
+    from pipeline.modes import MODES, AdvantageInputs
+    from pipeline.step_rewards import PROCESS_REWARDS, ProcessInputs
+
+    assert set(ARMS["vineppo"]) ^ set(ARMS["mc-progress"]) == {"supervision.mode=process", "supervision.mode=hybrid"}
+    texts = ["7+5=12\n12*3=35\n35-4=31\nAnswer: 31", "7+5=12\n12*3=36\n36-4=32\nAnswer: 32",
+             "7+5=12\nAnswer: 12\n12*3=36"]
+    values = [[1 / 2, 3 / 4, 1 / 4, 0.0, 0.0], [0.0, 3 / 4, 1.0, 3 / 4, 1.0], [1 / 2, 3 / 4, 0.0, 0.0]]
+    ids = [TOK(t).input_ids + [TOK.eos_token_id] for t in texts]
+    lengths, verifier = [len(x) for x in ids], torch.tensor([0.0, 1.0, 0.0])
+    assert lengths == [len(t) + 1 for t in texts]  # a token a character, and the eos
+    # As ProcessGRPOTrainer._step_advantages: the steps on the policy's tokens, the MC values, the eos in the last step.
+    rows = [completion_steps(TOK, x, n, ARITH.step_separator) for x, n in zip(ids, lengths)]
+    steps = scored_steps(scorer(), [A.prompt] * 3, rows, Designed())
+    ends = extend_last_step([e for _, e in steps], lengths)
+
+    def advantages(arm: str, scale: str = "group"):
+        s = load_config(ROOT / "configs" / "quickstart.yaml", ARMS[arm]).supervision
+        process, _ = PROCESS_REWARDS[s.process_reward].advantages(
+            ProcessInputs([v for v, _ in steps], ends, None, verifier, lengths, 3, max(lengths), scale, s))
+        mode = MODES[s.mode]
+        outcome = outcome_advantages(verifier, 3, scale) if mode.trl_advantage else None
+        return mode.advantages(AdvantageInputs(outcome, process, verifier[:, None], lengths, s, group_size=3,
+                                               scale=scale))[0]  # (B, T)
+
+    for scale in ("group", "batch", "none"):
+        vine = advantages("vineppo", scale)
+        for i, (text, v) in enumerate(zip(texts, values)):
+            assert vine[i, : lengths[i]].tolist() == pytest.approx(vineppo_reference(text, v), abs=1e-7), (scale, i)
+    hybrid, outcome = advantages("mc-progress"), outcome_advantages(verifier, 3)  # outcome: [-0.577, 1.155, -0.577]
+    for i, n in enumerate(lengths):
+        assert hybrid[i, :n].tolist() == pytest.approx((vine[i, :n] + outcome[i]).tolist(), abs=1e-6)
 
 
 # --- config ------------------------------------------------------------------------------------------------

@@ -50,11 +50,13 @@ def test_the_other_reports_keep_the_section_after_the_credit_study_s(tmp_path):
     begin, end = ex.study_markers(passk.STUDY)
     block = begin + committed.partition(begin)[2].partition(end)[0] + end
     credit = credit_begin + committed.partition(credit_begin)[2].partition(credit_end)[0] + credit_end
+    later = "".join(f"\n\n{b}{committed.partition(b)[2].partition(e)[0]}{e}"  # the studies after passk's, in order
+                    for b, e in map(ex.study_markers, ex.STUDIES[ex.STUDIES.index(passk.STUDY) + 1:]) if b in committed)
     fresh = "# Results\n\nheader\n\n## 1. First\n\ntext\n"  # as experiments/report.py writes it, no study blocks
     text = ex.keep_study(fresh, old)
-    assert text == f"# Results\n\nheader\n\n{credit}\n\n{block}\n\n## 1. First\n\ntext\n"
+    assert text == f"# Results\n\nheader\n\n{credit}\n\n{block}{later}\n\n## 1. First\n\ntext\n"
     assert ex.with_study(text, credit_begin + "\nnew\n" + credit_end) == \
-        f"# Results\n\nheader\n\n{credit_begin}\nnew\n{credit_end}\n\n{block}\n\n## 1. First\n\ntext\n"
+        f"# Results\n\nheader\n\n{credit_begin}\nnew\n{credit_end}\n\n{block}{later}\n\n## 1. First\n\ntext\n"
     page = tmp_path / "page.md"  # the page before this study: its block goes after the credit study's
     page.write_text(committed.replace(block + "\n\n", ""))
     passk.report(args(tmp_path, tmp_path / "none"), page)

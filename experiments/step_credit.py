@@ -1,0 +1,685 @@
+"""Where step credit matters (issue 57): a sweep of embedded-arithmetic settings, and a study its plan file enforces.
+
+The sweep (point 1) runs the `verifier` and `oracle-progress` arms (experiments/credit_arms.py) on each setting of
+`SETTINGS` (`--set` overrides of configs/quickstart.yaml, plus `SWEEP_BUDGET`: 1 RL round, ~3-4 min a unit on 2
+cores), seeds 0 and 1; each (setting, seed) trains its SFT policy once, shared by its two arms. Unit files:
+`docs/experiments/step-credit/sweep/<setting>/<arm>-s<seed>.json`; runs: `<runs-dir>/sweep/<setting>/`. Its plan,
+docs/experiments/step-credit/sweep-plan.md: the setting with the largest mean oracle gain on Pass@1 at round 1
+(`SWEEP_PRIMARY`) is the study's task, if that gain is at least `MIN_GAIN`.
+
+The study (point 2) runs the arms x seeds of a plan file committed before its first unit: markdown with one fenced
+```yaml block (`load_plan`):
+
+    task: sparse-middle          # a SETTINGS name (its overrides + SWEEP_BUDGET), or
+                                 # {config: PATH, setting: NAME, overrides: [...]} (each optional)
+    arms: [verifier, oracle-progress, prm-progress]   # names of credit_arms.ARMS; `verifier` is the control
+    seeds: [0, 1, 2, 3, 4]
+    metric: eval/maj@8           # the primary metric
+    round: 1                     # RL rounds each unit runs; every figure is this round's
+    rule: {test: holm-paired-t, alpha: 0.05, min_seeds_at_or_above: 4}
+    oracle: oracle-progress      # optional (this default where it is an arm): the ceiling for `oracle_share`
+
+The rule (`decide`): per arm, its per-seed gaps to the verifier; a one-sided paired t over seeds (n - 1 df), Holm's
+step-down correction over every arm of the plan but the verifier (REFERENCE.md, "Deciding among several arms"), and
+at or above the verifier on >= min_seeds_at_or_above seeds. The study refuses to start unless the plan is committed
+and HEAD descends from its commit (`plan_commit`); the report refuses a unit whose recorded commit does not descend
+from it, or whose arm or seed the plan does not name (`check_units`). Unit files: docs/experiments/step-credit/study/.
+
+Run from the repository root, pinned to the AVX2 kernels at 2 threads (as `python -m experiments`):
+
+  python -m experiments.step_credit sweep --settings sparse-middle long-sparse --seeds 0 1   # resumable
+  python -m experiments.step_credit study --plan docs/experiments/step-credit/plan.md
+  python -m experiments.step_credit --report-only        # both sections from the kept unit files alone, seconds
+
+The report is the section "step-credit" of docs/results.md (`--out`): the regions `step-credit-sweep` and
+`step-credit-study`; the README's glance line (`glance`) is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+from scipy import stats
+
+from bench._common import ROOT, table
+from experiments.credit_arms import ARMS
+from experiments.credit_study import figures, region
+from experiments.report import fmt_se, holm, mean_se, study_markers, with_study
+from experiments.runner import Experiments, policy_id, restart_pinned, run_figures, stoppable
+from pipeline.evaluate import paired_difference
+from pipeline.loading import load_config
+from pipeline.rundir import read_json
+
+CONFIG = "configs/quickstart.yaml"
+FIGURES = "docs/experiments/step-credit"  # sweep/<setting>/ and study/ under it
+PLAN = f"{FIGURES}/plan.md"  # the study's
+SWEEP_PLAN = f"{FIGURES}/sweep-plan.md"
+STUDY = "step-credit"  # the section's markers in docs/results.md
+CONTROL = "verifier"
+
+A = "problems.arithmetic."
+LONG = ["grpo.max_completion_length=64", "collect.max_new_tokens=64", "eval.max_new_tokens=64"]  # 5 steps: <= 54 chars
+SETTINGS = {
+    # The sparse-outcome regime (PAV's): round-0 Pass@1 aimed at 0.1-0.4, many all-wrong groups.
+    "sparse-middle": [f"{A}sft_noise=0.7", f"{A}sft_noise_at=[middle]", f"{A}min_steps=2", f"{A}max_steps=3"],
+    # The same sparsity, the slips on the Answer line, where the outcome already puts the blame: the control.
+    "sparse-answer": [f"{A}sft_noise=0.7", f"{A}sft_noise_at=[answer]", f"{A}min_steps=2", f"{A}max_steps=3"],
+    "sparse-weak-sft": [f"{A}sft_noise=0.3", f"{A}sft_noise_at=[middle]", f"{A}min_steps=2", f"{A}max_steps=3",
+                        "bootstrap.sft_args.num_train_epochs=2"],  # a weak SFT policy
+    # Today's quickstart with the slips moved off the Answer line.
+    "middle": [f"{A}sft_noise=0.3", f"{A}sft_noise_at=[middle]", f"{A}min_steps=2", f"{A}max_steps=3"],
+    "long-middle": [f"{A}min_steps=4", f"{A}max_steps=5", f"{A}sft_noise=0.5", f"{A}sft_noise_at=[middle]", *LONG],
+    "long-sparse": [f"{A}min_steps=4", f"{A}max_steps=5", f"{A}sft_noise=0.7", f"{A}sft_noise_at=[middle]", *LONG],
+}
+# One sweep unit (SFT excluded) in ~3-4 min on 2 cores: 1 RL round of 80 GRPO steps, 200 eval problems x 8.
+SWEEP_BUDGET = ["run.rounds=1", "eval.num_problems=200", "eval.samples_per_problem=8", "eval.best_of_n=[4]",
+                "collect.prompts_per_round=64", "grpo.max_steps=80"]
+SWEEP_ARMS = (CONTROL, "oracle-progress")
+SWEEP_SEEDS = (0, 1)
+SWEEP_ROUND = 1
+SWEEP_PRIMARY = "eval/pass@1"  # the sweep plan's: the setting where the oracle gains most on it is the study's task
+MIN_GAIN = 0.01  # the sweep plan's: no setting with a mean oracle gain of at least this, no study
+ALL_WRONG = "policy/all_wrong_group_share"  # GRPO's groups with no right sample, where a unit records it
+NAMES = {"eval/maj@8": "Maj@8", "eval/pass@1": "Pass@1", "eval/greedy": "greedy"}
+
+
+def name(metric: str) -> str:
+    return NAMES.get(metric, metric)
+
+
+class Units(Experiments):
+    """The runner's units (experiments/runner.py) on `config` plus `task` overrides: shared SFT per seed, then arms."""
+
+    def __init__(self, a: argparse.Namespace, runs_dir: Path, figures_dir: Path, config: str, task: list[str],
+                 rounds: int, extra: dict | None = None):
+        super().__init__(argparse.Namespace(**{**vars(a), "runs_dir": str(runs_dir), "figures": str(figures_dir)}))
+        self.config_path, self.task, self.rounds, self.extra = config, task, rounds, extra or {}
+
+    def config(self, seed: int, extra: list[str]):
+        return load_config(ROOT / self.config_path, self.base(seed) + self.task + extra)
+
+    def overrides(self, arm: str, seed: int) -> list[str]:
+        # After the task's: the run's rounds (over SWEEP_BUDGET's), and an arm's budget (mc-progress-wc's steps).
+        return [*self.from_sft(seed, f"{self.runs_dir.name}-{arm}-s{seed}", self.rounds), *ARMS[arm]]
+
+    def arm_config(self, arm: str, seed: int):
+        return self.config(seed, self.overrides(arm, seed))
+
+    def arm(self, arm: str, seed: int) -> dict:
+        from flows.iterative import iterative_rl
+
+        iterative_rl(self.arm_config(arm, seed).model_dump(mode="json"))
+        return {**run_figures(self.runs_dir / f"{self.runs_dir.name}-{arm}-s{seed}"), **self.extra,
+                "overrides": [*self.task, *ARMS[arm]], "start": policy_id(self.sft_path(seed))}
+
+
+# --- the plan: a committed file the code reads and enforces --------------------------------------------
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be used: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A study's plan (`load_plan`): the task as a config and overrides, the arms, seeds, primary metric and rule."""
+
+    path: Path
+    config: str
+    overrides: tuple[str, ...]
+    arms: tuple[str, ...]
+    seeds: tuple[int, ...]
+    metric: str
+    round: int
+    alpha: float
+    min_seeds: int
+    oracle: str | None
+    task: str  # as the plan wrote it, for the report
+
+    @property
+    def tested(self) -> tuple[str, ...]:
+        """The arms decided against the verifier: Holm's family."""
+        return tuple(a for a in self.arms if a != CONTROL)
+
+
+FIELDS = {"task", "arms", "seeds", "metric", "round", "rule", "oracle"}
+RULE_FIELDS = {"test", "alpha", "min_seeds_at_or_above"}
+
+
+def load_plan(path: str | Path) -> Plan:
+    """The plan in the one fenced ```yaml block of the markdown file `path`; a `PlanError` naming file and field."""
+    path = Path(path)
+    blocks = re.findall(r"^```ya?ml[ \t]*\n(.*?)^```", path.read_text(), flags=re.M | re.S)
+
+    def bad(field: str, why: str) -> PlanError:
+        return PlanError(f"{path}: {field}: {why}")
+
+    if len(blocks) != 1:
+        raise bad("```yaml", f"expected one fenced ```yaml block, found {len(blocks)}")
+    try:
+        d = yaml.safe_load(blocks[0])
+    except yaml.YAMLError as e:
+        raise bad("```yaml", f"not YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(d, dict):
+        raise bad("```yaml", "expected a mapping of the fields " + ", ".join(sorted(FIELDS)))
+    for f in sorted(FIELDS - {"oracle"} - set(d)):
+        raise bad(f, "missing")
+    for f in sorted(set(d) - FIELDS):
+        raise bad(f, f"unknown field (the fields: {', '.join(sorted(FIELDS))})")
+    config, overrides = _task(d["task"], bad)
+    arms = d["arms"]
+    if not (isinstance(arms, list) and all(isinstance(a, str) for a in arms) and len(set(arms)) == len(arms)):
+        raise bad("arms", f"expected a list of distinct arm names, got {arms!r}")
+    if unknown := [a for a in arms if a not in ARMS]:
+        raise bad("arms", f"unknown arm {unknown[0]!r} (known: {', '.join(ARMS)})")
+    if CONTROL not in arms or len(arms) < 2:
+        raise bad("arms", f"expected {CONTROL!r}, the control, and at least one arm to test against it")
+    seeds = d["seeds"]
+    if not (isinstance(seeds, list) and all(type(s) is int for s in seeds) and len(set(seeds)) == len(seeds) >= 2):
+        raise bad("seeds", f"expected a list of at least 2 distinct integers (a t over seeds), got {seeds!r}")
+    if not (isinstance(d["metric"], str) and re.fullmatch(r"eval/[\w@]+", d["metric"])):
+        raise bad("metric", f"expected an eval metric such as eval/maj@8, got {d['metric']!r}")
+    if type(d["round"]) is not int or d["round"] < 1:
+        raise bad("round", f"expected the RL round of the figures, an integer >= 1, got {d['round']!r}")
+    rule = d["rule"]
+    if not isinstance(rule, dict) or set(rule) != RULE_FIELDS:
+        raise bad("rule", f"expected the fields {', '.join(sorted(RULE_FIELDS))}, got {rule!r}")
+    if rule["test"] != "holm-paired-t":
+        raise bad("rule.test", f"the only test is holm-paired-t, got {rule['test']!r}")
+    if not (isinstance(rule["alpha"], float) and 0 < rule["alpha"] < 1):
+        raise bad("rule.alpha", f"expected a level between 0 and 1, got {rule['alpha']!r}")
+    k = rule["min_seeds_at_or_above"]
+    if type(k) is not int or not 1 <= k <= len(seeds):
+        raise bad("rule.min_seeds_at_or_above", f"expected an integer from 1 to {len(seeds)} (the seeds), got {k!r}")
+    oracle = d.get("oracle", "oracle-progress" if "oracle-progress" in arms else None)
+    if oracle is not None and (oracle not in arms or oracle == CONTROL):
+        raise bad("oracle", f"expected one of the plan's arms other than {CONTROL!r}, got {oracle!r}")
+    return Plan(path, config, tuple(overrides), tuple(arms), tuple(seeds), d["metric"], d["round"], rule["alpha"],
+                k, oracle, d["task"] if isinstance(d["task"], str)
+                else yaml.safe_dump(d["task"], default_flow_style=True, width=10**9).strip())
+
+
+def _task(task, bad) -> tuple[str, list[str]]:
+    """(config, overrides) of a plan's `task`: a SETTINGS name (its overrides and SWEEP_BUDGET), or a mapping."""
+    if isinstance(task, str):
+        if task not in SETTINGS:
+            raise bad("task", f"unknown setting {task!r} (settings: {', '.join(SETTINGS)}; or a mapping of config, "
+                              "setting, overrides)")
+        return CONFIG, [*SETTINGS[task], *SWEEP_BUDGET]
+    if not isinstance(task, dict) or not task or set(task) - {"config", "setting", "overrides"}:
+        raise bad("task", f"expected a setting name or a mapping of config, setting, overrides, got {task!r}")
+    config = task.get("config", CONFIG)
+    if not (isinstance(config, str) and (ROOT / config).is_file()):
+        raise bad("task.config", f"no config file {config!r} in the repository")
+    if (setting := task.get("setting")) is not None and setting not in SETTINGS:
+        raise bad("task.setting", f"unknown setting {setting!r} (settings: {', '.join(SETTINGS)})")
+    overrides = task.get("overrides", [])
+    if not (isinstance(overrides, list) and all(isinstance(o, str) and "=" in o for o in overrides)):
+        raise bad("task.overrides", f"expected a list of KEY=VALUE overrides, got {overrides!r}")
+    return config, [*(SETTINGS[setting] if setting else []), *overrides]
+
+
+def relative(path: Path) -> str:
+    """`path` from the repository root where it lies under it, else as given."""
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT) if full.is_relative_to(ROOT) else path)
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def plan_commit(path: str | Path) -> str:
+    """The commit that first added the plan file at `path` (full hash); an error if it is not committed, or has
+    changes not committed (the plan read would not be the plan committed)."""
+    path = Path(path).resolve()
+    log = _git(path.parent, "log", "--diff-filter=A", "--format=%H", "--follow", "--", path.name)
+    if log.returncode or not log.stdout.strip():
+        raise PlanError(f"{path}: the plan is not committed: commit it before the study's first unit")
+    if _git(path.parent, "status", "--porcelain", "--", path.name).stdout.strip():
+        raise PlanError(f"{path}: the plan has changes not committed: a plan does not change once committed")
+    return log.stdout.split()[-1]  # newest first: the last is the first add
+
+
+def plan_edits(path: str | Path) -> list[str]:
+    """The commits that changed the plan file after the one that added it (`plan_commit`), newest first: a plan
+    does not change once committed, so the report flags each."""
+    path = Path(path).resolve()
+    log = _git(path.parent, "log", "--format=%H", "--follow", "--", path.name).stdout.split()
+    return log[: log.index(plan_commit(path))]
+
+
+def descends(commit: str, ancestor: str, repo: Path) -> bool | None:
+    """Whether `commit` descends from (or is) `ancestor` in the repository at `repo`; None: not a commit there."""
+    if not all(re.fullmatch(r"[0-9a-f]{4,40}|HEAD", c) for c in (commit, ancestor)):  # never a git option
+        return None
+    rc = _git(repo, "merge-base", "--is-ancestor", ancestor, commit).returncode
+    return {0: True, 1: False}.get(rc)
+
+
+def recorded_commit(commit: str) -> tuple[str, bool]:
+    """The commit hash in a unit's `git describe --always --dirty` record, and whether it ran from a dirty tree.
+
+    >>> recorded_commit("8c19673-dirty"), recorded_commit("v1.2-3-gabc1234")
+    (('8c19673', True), ('abc1234', False))
+    """
+    dirty = commit.endswith("-dirty")
+    commit = commit.removesuffix("-dirty")
+    return (m[1] if (m := re.fullmatch(r".+-\d+-g([0-9a-f]+)", commit)) else commit), dirty
+
+
+def check_units(plan: Plan, units: dict[str, dict], where: str | Path) -> list[str]:
+    """Refuse the kept `units` (name -> unit file, kept in `where`) the plan does not allow: a recorded commit that
+    does not descend from the plan's (`plan_commit`), an arm or a seed the plan does not name (a seed's `sft` unit
+    is every arm's). Raises `PlanError`, one sentence per refused unit file; returns the flags, one sentence per
+    unit that ran from a tree with uncommitted changes (`-dirty`: the code may not be the commit's)."""
+    start, repo = plan_commit(plan.path), plan.path.resolve().parent
+    refused, flags = [], []
+    for unit, kept in sorted(units.items()):
+        file = f"{Path(where) / unit}.json"
+        arm, _, seed = unit.rpartition("-s")
+        commit, dirty = recorded_commit(str(kept.get("commit", "unknown")))
+        if arm != "sft" and arm not in plan.arms:
+            refused.append(f"{file}: arm {arm!r} is not in the plan {plan.path} ({', '.join(plan.arms)}).")
+        elif not seed.isdigit() or int(seed) not in plan.seeds:
+            refused.append(f"{file}: seed {seed!r} is not in the plan {plan.path} ({', '.join(map(str, plan.seeds))}).")
+        elif (ok := descends(commit, start, repo)) is not True:
+            why = ("is not a commit of this repository" if ok is None
+                   else f"does not descend from the plan's {start[:12]}")
+            refused.append(f"{file}: its commit {kept.get('commit')!r} {why} ({plan.path}).")
+        elif dirty:
+            flags.append(f"{file} ran from {commit} with uncommitted changes (`-dirty`).")
+    if refused:
+        raise PlanError("\n".join(refused))
+    return flags
+
+
+# --- the rule and the share of the oracle's gain: pure functions of per-seed gaps ---------------------
+
+
+class Verdict(NamedTuple):
+    """One arm by the plan's rule: its per-seed gaps (seed -> arm - verifier), their mean and SE, the one-sided paired
+    t over seeds and its p, Holm's threshold at the arm's rank (1 = smallest p) and whether Holm passed it, the seeds
+    at or above the verifier, and the verdict."""
+
+    gaps: dict[int, float]
+    mean: float
+    se: float
+    t: float
+    p: float
+    rank: int
+    threshold: float
+    holm: bool
+    at_or_above: int
+    pays: bool
+
+
+def paired_t(gaps: list[float]) -> tuple[float, float]:
+    """The one-sided paired t of per-seed gaps (mean / (SD / sqrt(n))) and its p, P(T >= t) with n - 1 df; (nan, nan)
+    below 2 seeds; a gap with no spread: t = +-inf (p 0 or 1), or nan for gaps all 0.
+
+    >>> [round(x, 4) for x in paired_t([0.04, 0.03, 0.05, 0.02, 0.06])]  # mean 0.04, SE 0.00707: t = 4 sqrt 2, 4 df
+    [5.6569, 0.0024]
+    """
+    if len(gaps) < 2:
+        return math.nan, math.nan
+    mean, se = mean_se(gaps)
+    t = mean / se if se > 0 else math.copysign(math.inf, mean) if mean else math.nan
+    return t, float(stats.t.sf(t, len(gaps) - 1)) if not math.isnan(t) else math.nan
+
+
+def decide(plan: Plan, gaps: dict[str, dict[int, float]]) -> dict[str, Verdict]:
+    """The plan's rule on every arm of `plan.tested` (Holm's family, an arm without gaps included: it fails):
+    `gaps` arm -> seed -> the arm's primary metric minus the verifier's on that seed. An arm pays when Holm's
+    step-down procedure at `plan.alpha` passes its one-sided paired t and it is at or above the verifier on at least
+    `plan.min_seeds` seeds."""
+    if extra := sorted(set(gaps) - set(plan.tested)):
+        raise ValueError(f"gaps of arms not tested by the plan {plan.path}: {', '.join(extra)}")
+    arms = list(plan.tested)
+    tests = {a: paired_t([g for _, g in sorted(gaps.get(a, {}).items())]) for a in arms}
+    p = [tests[a][1] for a in arms]
+    passed = holm(p, plan.alpha)
+    order = sorted(range(len(arms)), key=lambda j: math.inf if math.isnan(p[j]) else p[j])  # as `holm` sorts
+    out = {}
+    for rank, j in enumerate(order):
+        a, g = arms[j], dict(sorted(gaps.get(arms[j], {}).items()))
+        mean, se = mean_se(list(g.values())) if g else (math.nan, math.nan)
+        up = sum(x >= 0 for x in g.values())
+        out[a] = Verdict(g, mean, se, tests[a][0], p[j], rank + 1, plan.alpha / (len(arms) - rank), passed[j], up,
+                         passed[j] and up >= plan.min_seeds)
+    return {a: out[a] for a in arms}
+
+
+class Share(NamedTuple):
+    """An arm's share of the oracle's gain: mean arm gap / mean oracle gap (nan where the oracle gains nothing), and
+    its percentile interval at `level` from a paired bootstrap over seeds (-inf, inf: unbounded)."""
+
+    share: float
+    low: float
+    high: float
+    level: float
+
+
+def oracle_share(arm_gaps: list[float], oracle_gaps: list[float], level: float = 0.95, resamples: int = 10_000,
+                 seed: int = 0) -> Share:
+    """Mean(arm_gaps) / mean(oracle_gaps), both to the verifier, seed by seed (paired: index i is one seed), with a
+    paired bootstrap: seeds drawn with replacement, the two gaps of a seed together, `resamples` times
+    (`random.Random(seed)`: deterministic). A resample whose oracle gain is <= 0 has no share; when more than the
+    interval's tail, (1 - level) / 2, of them have none, the interval is unbounded; else the percentiles of the rest.
+
+    >>> oracle_share([0.01, 0.03], [0.02, 0.02])  # resamples: 0.5 (1/4), 1.0 (1/2), 1.5 (1/4)
+    Share(share=1.0, low=0.5, high=1.5, level=0.95)
+    """
+    if len(arm_gaps) != len(oracle_gaps) or not arm_gaps:
+        raise ValueError(f"paired gaps expected, got {len(arm_gaps)} arm and {len(oracle_gaps)} oracle seeds")
+    n, rng = len(arm_gaps), random.Random(seed)
+    o = statistics.mean(oracle_gaps)
+    share = statistics.mean(arm_gaps) / o if o > 0 else math.nan
+    ratios = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        if (den := sum(oracle_gaps[i] for i in idx)) > 0:
+            ratios.append(sum(arm_gaps[i] for i in idx) / den)
+    tail = (1 - level) / 2
+    if resamples - len(ratios) > tail * resamples:
+        return Share(share, -math.inf, math.inf, level)
+    ratios.sort()
+    lo, hi = math.floor(tail * len(ratios)), math.ceil((1 - tail) * len(ratios)) - 1
+    return Share(share, ratios[lo], ratios[hi], level)
+
+
+# --- the report: pure functions of the kept unit files ---------------------------------------------------
+
+
+def seed_gaps(kept: dict[str, dict], metric: str, rnd: int) -> dict[str, dict[int, float]]:
+    """arm -> seed -> the arm's `metric` at round `rnd` minus the verifier's of that seed (arms but the verifier)."""
+    data = figures(kept)
+    base = data.get(CONTROL, {})
+    return {arm: g for arm, seeds in data.items() if arm != CONTROL
+            if (g := {s: r[rnd][metric] - base[s][rnd][metric] for s, r in sorted(seeds.items())
+                      if metric in r.get(rnd, {}) and metric in base.get(s, {}).get(rnd, {})})}
+
+
+def problem_gap(kept: dict[str, dict], arm: str, metric: str, rnd: int) -> tuple[float, float] | None:
+    """`arm` - verifier in `metric` at round `rnd` per eval problem, every seed's problems pooled: (mean, paired SE)
+    (`paired_difference`); None unless some seed of both kept per-problem figures (`per_problem`)."""
+    data, key = figures(kept), metric.removeprefix("eval/")
+    base, rows = data.get(CONTROL, {}), data.get(arm, {})
+    pairs = [(pp[key], bp[key]) for s in sorted(rows) if key in (pp := rows[s].get(rnd, {}).get("per_problem", {}))
+             and key in (bp := base.get(s, {}).get(rnd, {}).get("per_problem", {}))]
+    if not pairs:
+        return None
+    return paired_difference([y for _, b in pairs for y in b], [x for a, _ in pairs for x in a])
+
+
+def fmt_share(s: Share) -> str:
+    if math.isnan(s.share):
+        return "- (no oracle gain)"
+    ci = "unbounded" if math.isinf(s.low) else f"{s.low:.2f} to {s.high:.2f}"
+    return f"{s.share:.2f} [{s.level:.0%} CI {ci}]"
+
+
+def rule_text(plan: Plan) -> str:
+    return (f"Holm-corrected one-sided paired t over seeds at alpha {plan.alpha:g} over the {len(plan.tested)} arms, "
+            f"and at or above the verifier on >= {plan.min_seeds} of {len(plan.seeds)} seeds")
+
+
+def study_section(plan: Plan, kept: dict[str, dict], commit: str | None, flags: list[str], link: str) -> list[str]:
+    """The study's region: the plan (its `link`, its `commit`), the rule, and per arm its per-seed gaps, mean ± SE, t,
+    p, Holm's threshold, seeds at or above, the verdict and its share of the oracle's gain (`kept`: checked units)."""
+    planned = [f"{a}-s{s}" for a in plan.arms for s in plan.seeds]
+    done = [u for u in planned if u in kept]
+    md = [f"Command: `python -m experiments.step_credit study --plan {relative(plan.path)}`; the plan, "
+          f"[{link}]({link}), committed in " + (f"`{commit[:12]}`" if commit else "**not committed yet**")
+          + f". Task `{plan.task}` on `{plan.config}`; metric {name(plan.metric)} at round {plan.round}; seeds "
+          f"{', '.join(map(str, plan.seeds))}.", "",
+          f"**{len(plan.tested)} arms tried** against the verifier ({', '.join(f'`{a}`' for a in plan.tested)}). The "
+          f"rule: {rule_text(plan)}.", "", *(x for f in flags for x in (f"**Flag**: {f}", ""))]
+    if not done:
+        return md + [f"**Not run yet**: 0 of {len(planned)} units kept."]
+    commits = sorted({u["commit"] for u in kept.values()})
+    md += [f"Units kept: {len(done)} of {len(planned)} planned, from {', '.join(f'`{c}`' for c in commits)}; sum of "
+           f"their wall times {sum(u['seconds'] for u in kept.values()) / 60:.0f} min (SFT units included).", ""]
+    gaps = seed_gaps(kept, plan.metric, plan.round)
+    verdicts = decide(plan, gaps)
+    status = None if len(done) == len(planned) else f"no verdict yet ({len(done)} of {len(planned)} units)"
+    oracle = gaps.get(plan.oracle, {})
+    rows = []
+    for arm, v in verdicts.items():
+        seeds = [s for s in v.gaps if s in oracle]
+        share = (fmt_share(oracle_share([v.gaps[s] for s in seeds], [oracle[s] for s in seeds]))
+                 if arm != plan.oracle and seeds else "-")
+        rows.append([f"`{arm}`", " / ".join(f"{g:+.3f}" for g in v.gaps.values()) or "-",
+                     fmt_se(list(v.gaps.values())), f"{v.t:.2f} ({len(v.gaps) - 1} df)", f"{v.p:.4f}",
+                     f"{v.threshold:.4f} (rank {v.rank})", f"{v.at_or_above} of {len(v.gaps)}",
+                     status or ("**pays**" if v.pays else "does not pay"), share])
+    return md + [table(["arm", f"Δ {name(plan.metric)} per seed", "Δ mean ± SE over seeds", "t", "p (one-sided)",
+                        "Holm threshold", "seeds at or above", "verdict", f"share of `{plan.oracle}`'s gain"], rows)]
+
+
+def glance(plan: Plan, kept: dict[str, dict]) -> str:
+    """README's one line for the study: how many arms were tried, the rule, and which arms pay."""
+    planned = len(plan.arms) * len(plan.seeds)
+    done = sum(f"{a}-s{s}" in kept for a in plan.arms for s in plan.seeds)
+    v = decide(plan, seed_gaps(kept, plan.metric, plan.round))
+    pays = [a for a in plan.tested if v[a].pays]
+    verdict = f"pays: {', '.join(pays) or 'none'}" if done == planned else f"no verdict yet ({done} of {planned} units)"
+    return (f"{len(plan.tested)} arms tried against the verifier ({name(plan.metric)}, round {plan.round}); the rule: "
+            f"{rule_text(plan)}; {verdict}")
+
+
+def sweep_rows(setting: str, units: dict[str, dict], primary: str, rnd: int, wrong: bool) -> tuple[list, list]:
+    """One setting's rows of the sweep's tables: per seed (round 0, both arms at round `rnd`, wall times), and its
+    summary (round 0's means, the oracle's gaps per seed and mean ± SE, on `primary` per problem with its paired SE,
+    seeds at or above, median wall times)."""
+    data = figures(units)
+    gaps = {k: seed_gaps(units, k, rnd).get("oracle-progress", {}) for k in ("eval/maj@8", "eval/pass@1", primary)}
+    seeds = sorted({s for a in SWEEP_ARMS for s, r in data.get(a, {}).items() if rnd in r})
+    pp = problem_gap(units, "oracle-progress", primary, rnd)
+
+    def value(arm: str, s: int, r: int, key: str) -> float | None:
+        return data.get(arm, {}).get(s, {}).get(r, {}).get(key)
+
+    def r0(s: int, key: str) -> float | None:  # round 0: the seed's SFT policy, the same in both arms
+        return next((v for a in SWEEP_ARMS if (v := value(a, s, 0, key)) is not None), None)
+
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    def mean(xs: list) -> str:
+        return cell(statistics.mean(xs)) if (xs := [x for x in xs if x is not None]) else "-"
+
+    def wall(names: list[str]) -> str:
+        return f"{statistics.median(x):.0f}" if (x := [units[n]["seconds"] for n in names]) else "-"
+
+    extra = (lambda s: [cell(value(CONTROL, s, rnd, ALL_WRONG))]) if wrong else (lambda s: [])
+    per_seed = [[f"`{setting}`", str(s), cell(r0(s, "eval/pass@1")), cell(r0(s, "eval/maj@8")), *extra(s),
+                 *(cell(value(a, s, rnd, k)) for k in ("eval/maj@8", "eval/pass@1") for a in SWEEP_ARMS),
+                 " / ".join(f"{units[u]['seconds']:.0f}" if (u := f"{a}-s{s}") in units else "-" for a in SWEEP_ARMS)]
+                for s in seeds]
+    summary = [f"`{setting}`", ", ".join(map(str, seeds)) or "-", mean([r0(s, "eval/pass@1") for s in seeds]),
+               mean([r0(s, "eval/maj@8") for s in seeds]),
+               *([mean([value(CONTROL, s, rnd, ALL_WRONG) for s in seeds])] if wrong else []),
+               *(" / ".join(f"{g:+.3f}" for g in gaps[k].values()) + f"; {fmt_se(list(gaps[k].values()))}"
+                 if gaps[k] else "-" for k in ("eval/maj@8", "eval/pass@1")),
+               f"{pp[0]:+.3f} ± {pp[1]:.3f} SE" if pp else "not kept",
+               f"{sum(g >= 0 for g in gaps[primary].values())} of {len(gaps[primary])}",
+               wall([n for n in units if not n.startswith("sft-")]), wall([n for n in units if n.startswith("sft-")])]
+    return per_seed, summary
+
+
+def sweep_section(kept: dict[str, dict[str, dict]], primary: str = SWEEP_PRIMARY, rnd: int = SWEEP_ROUND,
+                  link: str = SWEEP_PLAN) -> list[str]:
+    """The sweep's region from its kept units (setting -> unit name -> unit file): the settings, per setting and
+    seed round 0 and both arms at round `rnd`, per setting the oracle's gaps (per seed, mean ± SE over seeds, per
+    problem mean ± paired SE) and wall times, and the setting where the oracle's gain on `primary` is largest
+    (`best_setting`), with whether it reaches `MIN_GAIN` (the plan, at `link`: no study below it)."""
+    wrong = any(ALL_WRONG in m for u in kept.values() for k in u.values() for m in k.get("rounds", {}).values())
+    w = [f"all-wrong groups r{rnd} (verifier)"] if wrong else []
+    per_seed, summary = [], []
+    for setting, units in kept.items():
+        rows, row = sweep_rows(setting, units, primary, rnd, wrong)
+        per_seed += rows
+        summary.append(row)
+    top = best_setting(kept, primary, rnd)
+    gap = list(seed_gaps(kept[top], primary, rnd)["oracle-progress"].values()) if top else []
+    choice = "none measured yet."
+    if top:
+        choice = f"`{top}`, {fmt_se(gap)} over {len(gap)} seeds: " + (
+            "the study's task." if statistics.mean(gap) >= MIN_GAIN
+            else f"below the plan's {MIN_GAIN:+.2f}: no study, the finding is the sweep itself.")
+    return [f"Command: `python -m experiments.step_credit sweep` (seeds {', '.join(map(str, SWEEP_SEEDS))}); the "
+            f"plan, fixed before the first unit: [{link}]({link}). Each "
+            f"setting is `{CONFIG}` plus its overrides and `{' '.join(SWEEP_BUDGET)}`; each (setting, seed) trains "
+            f"one SFT policy, round 0 of both arms (`{'`, `'.join(SWEEP_ARMS)}`), then {rnd} RL round.", "",
+            table(["setting", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in SETTINGS.items()]),
+            "", "Per setting and seed:", "",
+            table(["setting", "seed", "Pass@1 r0", "Maj@8 r0", *w, f"Maj@8 r{rnd} verifier", f"Maj@8 r{rnd} oracle",
+                   f"Pass@1 r{rnd} verifier", f"Pass@1 r{rnd} oracle", "unit wall time, verifier / oracle (s)"],
+                  per_seed) if per_seed else "No unit kept yet.", "",
+            f"The oracle's gap to the verifier at round {rnd}: per seed; mean ± SE over seeds (SE = SD / sqrt(n)):",
+            "",
+            table(["setting", "seeds", "Pass@1 r0 (mean)", "Maj@8 r0 (mean)", *(x + " (mean)" for x in w),
+                   "Δ Maj@8, oracle - verifier", "Δ Pass@1, oracle - verifier",
+                   f"Δ {name(primary)} per problem, mean ± paired SE", f"seeds oracle at or above ({name(primary)})",
+                   "arm unit wall time, median (s)", "SFT unit wall time, median (s)"], summary), "",
+            f"Largest oracle gain on {name(primary)} (the plan's metric): {choice}"]
+
+
+def best_setting(kept: dict[str, dict[str, dict]], primary: str = SWEEP_PRIMARY, rnd: int = SWEEP_ROUND) -> str | None:
+    """The setting whose mean oracle gap to the verifier on `primary` at round `rnd` is largest (None: none kept)."""
+    means = {s: statistics.mean(g.values()) for s, u in kept.items()
+             if (g := seed_gaps(u, primary, rnd).get("oracle-progress"))}
+    return max(means, key=means.get, default=None)
+
+
+# --- the commands ----------------------------------------------------------------------------------------
+
+
+def kept_units(where: Path) -> dict[str, dict]:
+    """Every unit file kept in `where`, by unit name (`<arm>-s<seed>`, `sft-s<seed>`)."""
+    return {p.stem: read_json(p) for p in sorted(Path(where).glob("*.json"))}
+
+
+def report(a: argparse.Namespace) -> Path:
+    """Rewrite the section `step-credit` of `a.out` (docs/results.md) from the kept unit files under `a.figures`: the
+    sweep's region and, where the plan `a.plan` exists, the study's, its units checked (`check_units`) before
+    anything is written. Nothing written by hand is kept: every figure of the section is made from the unit files."""
+    out, where = Path(a.out), Path(a.figures)
+    sweep = {s: u for s in SETTINGS if (u := kept_units(where / "sweep" / s))}
+    plan = load_plan(a.plan) if Path(a.plan).is_file() else None
+    study = [f"No plan yet (`{a.plan}`): the study runs once one is committed."]
+    if plan:
+        kept = kept_units(where / "study")
+        flags = check_units(plan, kept, where / "study") if kept else []  # before anything is written
+        try:
+            commit, edits = plan_commit(plan.path), plan_edits(plan.path)
+        except PlanError:  # no unit kept yet: the section says the plan is not committed
+            commit, edits = None, []
+        if edits:
+            flags.append(f"the plan changed after its commit, in {', '.join(f'`{c[:12]}`' for c in edits)}: a plan "
+                         "does not change once committed.")
+        link = os.path.relpath(plan.path.resolve(), ROOT / "docs")  # the page lives in docs/ (written elsewhere too)
+        study = study_section(plan, kept, commit, flags, link)
+    text = out.read_text() if out.exists() else ""
+    begin, end = study_markers(STUDY)
+    block = [begin, "## Where step credit matters (issue 57)", "", "### The sweep", "",
+             *region("step-credit-sweep", sweep_section(sweep, link=os.path.relpath(ROOT / SWEEP_PLAN, ROOT / "docs"))),
+             "",
+             "### The study", "", *region("step-credit-study", study), end]
+    out.write_text(with_study(text, "\n".join(block), STUDY))
+    if plan:
+        print(f"glance: {glance(plan, kept_units(where / 'study'))}")
+    return out
+
+
+def run_sweep(a: argparse.Namespace) -> None:
+    """Every pending unit of the asked settings and seeds, each (setting, seed)'s SFT first; the report after each.
+    Refused (`PlanError`) while the sweep's plan is not committed."""
+    start = plan_commit(ROOT / SWEEP_PLAN)  # the sweep's plan, committed before its first unit (refused if not)
+    for setting in a.settings:
+        units = Units(a, Path(a.runs_dir) / "sweep" / setting, Path(a.figures) / "sweep" / setting, CONFIG,
+                      [*SETTINGS[setting], *SWEEP_BUDGET], SWEEP_ROUND,
+                      {"setting": setting, "plan": SWEEP_PLAN, "plan_commit": start})
+        units.runs_dir.mkdir(parents=True, exist_ok=True)
+        units.run_arms(a.seeds, list(SWEEP_ARMS), lambda: report(a))
+
+
+def study_units(a: argparse.Namespace, code: Path = ROOT) -> tuple[Plan, Units]:
+    """The plan's units, refused (`PlanError`) unless the plan is committed, the HEAD of `code` (the checkout that
+    runs them, whose commit each unit records) descends from the plan's commit, and every unit kept so far is the
+    plan's (`check_units`)."""
+    plan = load_plan(a.plan)
+    start = plan_commit(plan.path)
+    if not descends("HEAD", start, code):
+        raise PlanError(f"{plan.path}: HEAD of {code} does not descend from the plan's commit {start[:12]}: check "
+                        "out a descendant of it")
+    where = Path(a.figures) / "study"
+    check_units(plan, kept_units(where), where)
+    return plan, Units(a, Path(a.runs_dir) / "study", where, plan.config, list(plan.overrides), plan.round,
+                       {"plan": relative(plan.path), "plan_commit": start})
+
+
+def run_study(a: argparse.Namespace, plan: Plan, units: Units) -> None:
+    units.runs_dir.mkdir(parents=True, exist_ok=True)
+    units.run_arms(list(plan.seeds), list(plan.arms), lambda: report(a))
+
+
+def _common(p: argparse.ArgumentParser, sub: bool) -> None:
+    """The options of every command (a subcommand's left unset unless given, so they do not undo the main's)."""
+    d = (lambda v: argparse.SUPPRESS) if sub else (lambda v: v)
+    p.add_argument("--runs-dir", default=d("runs/step-credit"), help="run folders: sweep/<setting>/, study/")
+    p.add_argument("--figures", default=d(FIGURES), help="kept unit files: sweep/<setting>/, study/")
+    p.add_argument("--out", default=d("docs/results.md"), help="the page the section is written into")
+    p.add_argument("--experiment", default=d("iterative-grpo-step-credit"), help="MLflow experiment")
+    p.add_argument("--tracking-uri", default=d(None))
+    p.add_argument("--native", action="store_true", default=d(False),
+                   help="the CPU's own kernels and threads, not pinned AVX2 x 2")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    _common(ap, sub=False)
+    ap.add_argument("--report-only", action="store_true", help="only rebuild the section from the kept unit files")
+    ap.add_argument("--plan", default=PLAN, help="the study's plan, for the report")
+    cmds = ap.add_subparsers(dest="command")
+    sweep = cmds.add_parser("sweep", help="the settings' verifier and oracle-progress units")
+    _common(sweep, sub=True)
+    sweep.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    sweep.add_argument("--seeds", type=int, nargs="+", default=list(SWEEP_SEEDS))
+    study = cmds.add_parser("study", help="the committed plan's arms x seeds")
+    _common(study, sub=True)
+    study.add_argument("--plan", required=True, help="the plan file, committed before the first unit")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
+    a.smoke, a.mc_prompts = False, 0
+    if a.report_only or not a.command:
+        print(f"report: {report(a)}")
+        return
+    try:  # the plan's checks before anything starts
+        study = study_units(a) if a.command == "study" else None
+    except PlanError as e:
+        sys.exit(f"step_credit: {e}")
+    from flows.console import prefect_defaults
+
+    prefect_defaults()
+    stoppable("step_credit", lambda: run_study(a, *study) if study else run_sweep(a))
+    print(f"report: {report(a)}")
+
+
+if __name__ == "__main__":
+    restart_pinned("experiments.step_credit", sys.argv[1:])
+    main()
