@@ -586,6 +586,10 @@ def glance(figures: Path, learned: tuple[str, ...]) -> str:
 
     ran = [arm for arm in learned if paired(credit, arm, "verifier", 2, maj)]  # an arm with no kept unit yet: out
     best = max(ran, key=lambda arm: statistics.mean(paired(credit, arm, "verifier", 2, maj)))
+    # Every arm put to the rule against the verifier, for Holm's correction (a one-sided paired t over seeds each).
+    tried = [arm for arm in credit if arm != "verifier" and paired(credit, arm, "verifier", 2, maj)]
+    held = dict(zip(tried, holm([one_sided_t(paired(credit, arm, "verifier", 2, maj)) for arm in tried], 0.05)))
+    held = {arm: ok and verdict(paired(credit, arm, "verifier", 2, maj)) == "pays" for arm, ok in held.items()}
     he, se = ([statistics.mean(m[str(k)][key] for m in mc) for k in (MC_NS[0], MC_NS[-1])] for key in ("he", "se"))
     rows = [
         ["Process above outcome supervision (DeepSeekMath Fig. 5)?", f"Maj@8 - the verifier's: PRM {gap('prm')}, Online RFT {gap('rft')}",
@@ -606,13 +610,27 @@ def glance(figures: Path, learned: tuple[str, ...]) -> str:
          f"{keys_gap('bon/prm_vote@64', 'bon/majority@64', 2)} (round 2)", "§5"],
         ["Hybrid credit, or the oracle PRM, above the verifier?",
          f"Maj@8 - the verifier's: hybrid {gap('hybrid-min-w0.5')}, oracle {gap('oracle')}", "§6"],
-        ["A learned RM above the verifier (progress credit, implicit or label-token PRM)?",
-         f"Maj@8 - the verifier's on the quickstart, the best (`{best}`): {gap(best, d=credit)}, "
-         + verdict(paired(credit, best, "verifier", 2, maj)),
+        ["A learned RM (progress credit, implicit or label-token PRM) above the verifier?",
+         f"Maj@8 - the verifier's on the quickstart, the best learned arm (`{best}`) of {len(tried)} tried: "
+         f"{gap(best, d=credit)}, {verdict(paired(credit, best, 'verifier', 2, maj))} by the uncorrected rule, "
+         f"{'pays' if held[best] else 'does not pay'} under Holm over the {len(tried)}",
          "[issue 47](docs/results.md#issue-47s-study-on-quickstart-from-one-commit)" if frozen
          else "[issue 39](docs/results.md#process-rewards-that-pay-issue-39)"],
     ]
     return table(["question", "here: round 2, mean ± SE over seeds", ""], rows) + "\n"
+
+
+def one_sided_t(gaps: list[float]) -> float:
+    """The p of a one-sided paired t over seeds (mean gap > 0, n - 1 df); NaN where the gaps do not vary.
+
+    >>> round(one_sided_t([0.01, 0.02, 0.03]), 4)   # t = 0.02 / (0.01 / sqrt(3)) = 3.46 on 2 df
+    0.0371
+    """
+    from scipy import stats
+
+    if len(gaps) < 2 or len(set(gaps)) < 2:
+        return float("nan")
+    return float(stats.ttest_1samp(gaps, 0.0, alternative="greater").pvalue)
 
 
 def write_region(path: Path, name: str, body: str) -> None:

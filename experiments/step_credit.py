@@ -563,6 +563,24 @@ def best_setting(kept: dict[str, dict[str, dict]], primary: str = SWEEP_PRIMARY,
     return max(means, key=means.get, default=None)
 
 
+def glance_row(figures: Path = Path(FIGURES), plan_path: Path = Path(PLAN)) -> list[str]:
+    """README's results row for issue 57: the study's `glance` (arms tried, the rule, which pay) once its plan is
+    there; before it, how far the sweep has gone and where the oracle gained most."""
+    question = "Where does step credit pay (the oracle, learned PRMs)?"
+    link = "[issue 57](docs/results.md#where-step-credit-matters-issue-57)"
+    if Path(plan_path).is_file():
+        plan = load_plan(plan_path)
+        return [question, glance(plan, kept_units(Path(figures) / "study")), link]
+    sweep = {s: u for s in SETTINGS if (u := kept_units(Path(figures) / "sweep" / s))}
+    screened = [s for s, u in sweep.items() if seed_gaps(u, SWEEP_PRIMARY, SWEEP_ROUND).get("oracle-progress")]
+    best = best_setting(sweep)
+    found = (f"; the oracle's largest mean gain on {name(SWEEP_PRIMARY)}: `{best}`, "
+             f"{fmt_se(list(seed_gaps(sweep[best], SWEEP_PRIMARY, SWEEP_ROUND)['oracle-progress'].values()))}"
+             if best else "")
+    return [question, f"sweep of the oracle against the verifier: {len(screened)} of {len(SETTINGS)} settings "
+                      f"screened{found}; no study yet (no verdict)", link]
+
+
 # --- the commands ----------------------------------------------------------------------------------------
 
 
