@@ -534,7 +534,11 @@ def sweep_section(kept: dict[str, dict[str, dict]], primary: str = SWEEP_PRIMARY
     top = best_setting(kept, primary, rnd)
     gap = list(seed_gaps(kept[top], primary, rnd)["oracle-progress"].values()) if top else []
     choice = "none measured yet."
-    if top:
+    screened = sum(bool(seed_gaps(u, primary, rnd).get("oracle-progress")) for u in kept.values())
+    if top and screened < len(SETTINGS):  # the choice is made over every setting of the plan, not the first ones
+        choice = (f"so far `{top}`, {fmt_se(gap)} over {len(gap)} seeds; {screened} of {len(SETTINGS)} settings "
+                  "screened: no choice until all are.")
+    elif top:
         choice = f"`{top}`, {fmt_se(gap)} over {len(gap)} seeds: " + (
             "the study's task." if statistics.mean(gap) >= MIN_GAIN
             else f"below the plan's {MIN_GAIN:+.2f}: no study, the finding is the sweep itself.")
@@ -566,7 +570,7 @@ def best_setting(kept: dict[str, dict[str, dict]], primary: str = SWEEP_PRIMARY,
 def glance_row(figures: Path = Path(FIGURES), plan_path: Path = Path(PLAN)) -> list[str]:
     """README's results row for issue 57: the study's `glance` (arms tried, the rule, which pay) once its plan is
     there; before it, how far the sweep has gone and where the oracle gained most."""
-    question = "Where does step credit pay (the oracle, learned PRMs)?"
+    question = "Where does step credit pay?"
     link = "[issue 57](docs/results.md#where-step-credit-matters-issue-57)"
     if Path(plan_path).is_file():
         plan = load_plan(plan_path)
@@ -574,11 +578,11 @@ def glance_row(figures: Path = Path(FIGURES), plan_path: Path = Path(PLAN)) -> l
     sweep = {s: u for s in SETTINGS if (u := kept_units(Path(figures) / "sweep" / s))}
     screened = [s for s, u in sweep.items() if seed_gaps(u, SWEEP_PRIMARY, SWEEP_ROUND).get("oracle-progress")]
     best = best_setting(sweep)
-    found = (f"; the oracle's largest mean gain on {name(SWEEP_PRIMARY)}: `{best}`, "
+    found = (f"; largest on {name(SWEEP_PRIMARY)}: `{best}`, "
              f"{fmt_se(list(seed_gaps(sweep[best], SWEEP_PRIMARY, SWEEP_ROUND)['oracle-progress'].values()))}"
              if best else "")
-    return [question, f"sweep of the oracle against the verifier: {len(screened)} of {len(SETTINGS)} settings "
-                      f"screened{found}; no study yet (no verdict)", link]
+    return [question, f"oracle - verifier, sweep: {len(screened)} of {len(SETTINGS)} settings{found}; no study yet",
+            link]
 
 
 # --- the commands ----------------------------------------------------------------------------------------

@@ -329,18 +329,23 @@ def test_the_sweep_table_from_unit_files():
             "+0.055 ± 0.005 SE | +0.250 ± 0.144 SE | 2 of 2 | 215 | 90 |") in md
     assert "| `middle` | 0, 1 | 0.505 | 0.605 | +0.010 / -0.010; +0.000 ± 0.010 SE | " in md
     assert "+0.000 ± 0.010 SE | not kept | 1 of 2 | 215 | 90 |" in md  # no per-problem figures kept
+    # Two of the six settings: no choice yet, the leader so far named.
+    assert md.endswith("Largest oracle gain on Pass@1 (the plan's metric): so far `sparse-middle`, +0.055 ± 0.005 SE "
+                       "over 2 seeds; 2 of 6 settings screened: no choice until all are.")
+    level = {s: sweep_units((0.70, 0.72), (0.70, 0.72)) for s in sc.SETTINGS}  # every other setting: no gap
+    md = "\n".join(sc.sweep_section({**level, **kept}))
     assert md.endswith("Largest oracle gain on Pass@1 (the plan's metric): `sparse-middle`, +0.055 ± 0.005 SE over "
                        "2 seeds: the study's task.")
     assert "all-wrong" not in md  # no unit records it: no column
     assert sc.best_setting(kept) == sc.best_setting(kept, "eval/maj@8") == "sparse-middle"
     assert "[docs/x.md](docs/x.md)" in sc.sweep_section(kept, link="docs/x.md")[0]
     kept["middle"] = sweep_units((0.70, 0.72), (0.80, 0.80), r0=0.6, wrong=0.25)
-    md = "\n".join(sc.sweep_section(kept, primary="eval/maj@8"))
+    md = "\n".join(sc.sweep_section({**level, **kept}, primary="eval/maj@8"))
     assert "all-wrong groups r1 (verifier) (mean)" in md and "| `middle` | 0 | 0.500 | 0.600 | 0.250 |" in md
     assert md.endswith("Largest oracle gain on Maj@8 (the plan's metric): `middle`, +0.090 ± 0.010 SE over 2 seeds: "
                        "the study's task.")
     # The best mean gain under the plan's +0.01: no study.
-    below = sc.sweep_section({"middle": sweep_units((0.70, 0.72), (0.715, 0.72))})[-1]  # +0.015, 0: mean 0.0075
+    below = sc.sweep_section({**level, "middle": sweep_units((0.70, 0.72), (0.715, 0.72))})[-1]  # mean 0.0075
     assert below.endswith("`middle`, +0.008 ± 0.008 SE over 2 seeds: below the plan's +0.01: no study, the finding "
                           "is the sweep itself.")
     assert sc.sweep_section({})[-1].endswith("none measured yet.")
@@ -395,7 +400,7 @@ def test_the_report_checks_the_units_before_writing_and_flags_a_changed_plan(rep
     sc.report(a)
     page = out.read_text()
     assert page.startswith("# Results\n\nOlder sections.\n") and "<!-- generated: step-credit-sweep -->" in page
-    assert "Largest oracle gain on Pass@1 (the plan's metric): `long-sparse`, +0.055 ± 0.005 SE over 2 seeds" in page
+    assert "Largest oracle gain on Pass@1 (the plan's metric): so far `long-sparse`, +0.055 ± 0.005 SE over 2 seeds" in page
     assert f"committed in `{repo['plan'][:12]}`" in page and "| `prm-progress` |" in page and "**Flag**" not in page
     assert "glance: 2 arms tried against the verifier" in capsys.readouterr().out
     write_json_atomic(figs / "study" / "verifier-s0.json", {**fake_study({}, [0.5] * 5)["verifier-s0"],
