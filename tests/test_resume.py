@@ -421,7 +421,11 @@ def test_a_phase_stopped_under_the_release_before_resumes_its_checkpoints_after_
     assert fingerprint(PipelineConfig(), "policy", 1, policy="p") == "536aa3c000cb1a1badf4"
     quickstart = load_config(root / "quickstart.yaml", ["supervision.mode=process"])  # 573db0d's quickstart
     assert fingerprint(quickstart, "policy", 1, policy="p") == "8f65449d6d58935b2ac6"
-    assert fingerprint(load_config(root / "smollm2-arith.yaml"), "reward_model", 2, policy="p") == "3ce622b2d97ee26f7d5f"
+    arith = load_config(root / "smollm2-arith.yaml", [  # 573db0d's budgets and dtype (issue 58 changed them)
+        "policy.dtype=float32", "reward_model.dtype=float32", "bootstrap.sft_args.max_steps=30",
+        "supervision.prompts_per_round=48", "grpo.max_steps=24", "collect.prompts_per_round=24",
+        "reward_model.train_args.num_train_epochs=2"])
+    assert fingerprint(arith, "reward_model", 2, policy="p") == "3ce622b2d97ee26f7d5f"
     # What a kind's section or a new field holds still counts, where it is set.
     base = fingerprint(PipelineConfig(), "policy", 1, policy="p")
     assert fingerprint(PipelineConfig(reward_model={"orm": {"loss": "pairwise"}}), "policy", 1, policy="p") != base
