@@ -22,6 +22,7 @@ from pathlib import Path
 from bench._common import ROOT, table
 from experiments.runner import machine, run_figures
 from experiments.smollm2_control import gap
+from pipeline.evaluate import paired_difference
 from pipeline.rundir import Manifest, read_json, write_json_atomic
 
 FIGURES = Path("docs/experiments/smollm2-budgets")
@@ -88,7 +89,7 @@ def section(figures: Path = FIGURES) -> list[str]:
         by = {n: noise["per_problem"][seed][n] for n in noise["policies"]}
         checks = []
         for metric in ("greedy", "pass@1", f"maj@{noise['samples']}"):
-            mean, se = _paired(by["round 0"][metric], by["round 2"][metric])
+            mean, se = paired_difference(by["round 0"][metric], by["round 2"][metric])
             checks.append(f"{metric} {gap(by['round 0'][metric], by['round 2'][metric])}: "
                           + ("met" if se and mean / se >= MIN_SE else "not met"))
         lines += [f"The learning check, `{noise['command']}`: round 2 - round 0 on {noise['problems']} problems "
@@ -111,12 +112,6 @@ def report(out: Path) -> None:
              f"[{FIGURES.as_posix()}/](experiments/smollm2-budgets/).", "", *region(STUDY, section()), end]
     text = out.read_text() if out.exists() else ""
     out.write_text(with_study(text, "\n".join(block), STUDY))
-
-
-def _paired(before: list[float], after: list[float]) -> tuple[float, float]:
-    from pipeline.evaluate import paired_difference
-
-    return paired_difference(before, after)
 
 
 def main(argv: list[str] | None = None) -> None:
