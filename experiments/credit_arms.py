@@ -12,7 +12,8 @@ from pipeline.rundir import read_json
 
 # PAV's form: the outcome advantage plus the progress of the token's own step, unnormalised (REFERENCE.md).
 PROGRESS = ["supervision.mode=hybrid", "supervision.process_reward=progress", "supervision.process_credit=step"]
-MC = ["reward_model.oracle=mc", "reward_model.mc_rollouts=4"]  # VinePPO's values: K rollouts of the policy a prefix
+MC = ["reward_model.oracle=mc", "reward_model.mc_rollouts=4"]
+MATCHED = "verifier-matched"  # VinePPO's values: K rollouts of the policy a prefix
 ARMS = {
     "verifier": ["supervision.mode=outcome"],
     "oracle": ["supervision.mode=process", "reward_model.oracle=gold"],
@@ -38,6 +39,9 @@ ARMS = {
                        "supervision.process_reward_model=implicit", "supervision.process_reward=prime",
                        "reward_model.implicit.online_lr=1e-5", "collect.rollouts_per_step=0"],
     "labeltoken-progress": ["reward_model.head=label_tokens", *PROGRESS],
+    # The verifier given the GRPO wall-clock of the costliest other arm of its seed: its steps are set when it runs,
+    # from that seed's kept unit files (`verifier_matched`), so it runs after them.
+    MATCHED: ["supervision.mode=outcome"],
 }
 
 
@@ -70,9 +74,10 @@ def compute_matched(verifier_seconds: float, arm_seconds: float, steps: int, pro
     return [f"grpo.max_steps={matched}", f"supervision.prompts_per_round={matched * prompts_per_step}"]
 
 
-def unit_files(figures: Path, arm: str) -> list[Path]:
-    """An arm's kept unit files in `figures`: `<arm>-s<seed>.json` (not a longer arm's, `<arm>-wc-s0.json`)."""
-    unit = re.compile(rf"{re.escape(arm)}-s\d+")
+def unit_files(figures: Path, arm: str, seed: int | None = None) -> list[Path]:
+    """An arm's kept unit files in `figures`: `<arm>-s<seed>.json` (not a longer arm's, `<arm>-wc-s0.json`), of
+    every seed or of `seed`."""
+    unit = re.compile(re.escape(arm) + "-s" + (str(seed) if seed is not None else r"\d+"))
     return sorted(p for p in Path(figures).glob("*.json") if unit.fullmatch(p.stem))
 
 
@@ -95,9 +100,11 @@ def kept_grpo_seconds(paths: Iterable[Path]) -> float:
     return statistics.median(means)
 
 
-def verifier_matched(figures: Path, arms: Iterable[str], steps: int, prompts_per_step: int) -> list[str]:
+def verifier_matched(figures: Path, arms: Iterable[str], steps: int, prompts_per_step: int,
+                     seed: int | None = None) -> list[str]:
     """The verifier arm given the GRPO wall-clock of the costliest of `arms`: `ARMS["verifier"]` and
-    `compute_matched`'s overrides, the runtimes read from the units kept in `figures` (`kept_grpo_seconds`)."""
-    costliest = max(kept_grpo_seconds(unit_files(figures, arm)) for arm in arms)
-    return [*ARMS["verifier"], *compute_matched(kept_grpo_seconds(unit_files(figures, "verifier")), costliest, steps,
-                                                prompts_per_step)]
+    `compute_matched`'s overrides, the runtimes read from the units kept in `figures` (`kept_grpo_seconds`), of
+    every seed or of `seed` alone (a seed's arms against its own verifier: the pairs the study compares)."""
+    costliest = max(kept_grpo_seconds(unit_files(figures, arm, seed)) for arm in arms)
+    return [*ARMS["verifier"], *compute_matched(kept_grpo_seconds(unit_files(figures, "verifier", seed)), costliest,
+                                                steps, prompts_per_step)]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench._common import ROOT
 from docs.generate import timings_table
-from experiments import credit_study, passk_study, runner, smollm2_budgets, step_credit
+from experiments import credit_study, passk_study, runner, smollm2_budgets, smollm2_step_credit, step_credit
 from experiments import report as main_report
 from experiments.report import GENERATED, HISTORY, glance, write_region
 
@@ -52,7 +52,7 @@ def _step_credit(out: Path) -> None:
 
 
 STUDY_REPORTS = (_study(credit_study, "docs/experiments/credit"), _study(passk_study, "docs/experiments/passk"),
-                 _step_credit, smollm2_budgets.report)
+                 _step_credit, smollm2_budgets.report, smollm2_step_credit.report)
 
 
 def results_page() -> str:

@@ -53,7 +53,7 @@ def study_markers(name: str) -> tuple[str, str]:
 
 
 # The studies whose sections results.md holds, in their order (experiments/credit_study.py's, passk_study.py's).
-STUDIES = ("credit-study", "passk-study", "step-credit", "smollm2-budgets")
+STUDIES = ("credit-study", "passk-study", "step-credit", "smollm2-budgets", "smollm2-step-credit")
 BEGIN, END = study_markers("credit-study")
 # A region the report writes (in docs/results.md, README.md's results): tests/test_results_generated.py remakes each.
 GENERATED = re.compile(r"<!-- generated: ([\w-]+) -->\n(.*?)<!-- end generated -->", re.S)

@@ -67,7 +67,7 @@ def fresh_problems(cfg, n: int) -> list:
     return problem_set_from_config(more).train[num_train:]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path, help="the run whose config (and rounds) are evaluated")
     ap.add_argument("--rounds", type=int, nargs="+", default=[0], help="its rounds' policies, the first the baseline")
@@ -75,7 +75,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="sampling seeds (the run's seed is added)")
     ap.add_argument("--fresh", type=int, default=0, help="N more problems, in neither split (embedded set only)")
     ap.add_argument("--out", type=Path, help="keep every policy's per-problem values in this JSON file")
-    args = ap.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
     cfg = config_from_dict(json.loads((args.run_dir / "manifest.json").read_text())["config"])
     problem_set = problem_set_from_config(cfg)
     problems = held_out_problems(cfg, problem_set) + fresh_problems(cfg, args.fresh)
@@ -102,7 +103,7 @@ def main() -> None:
                       f"{unpaired:>11.3f}")
     if args.out:
         write_json_atomic(args.out, {
-            "command": "python -m experiments.round_noise " + " ".join(sys.argv[1:]), "run_dir": str(args.run_dir),
+            "command": "python -m experiments.round_noise " + " ".join(argv), "run_dir": str(args.run_dir),
             "problems": len(problems), "fresh": args.fresh, "samples": cfg.eval.samples_per_problem,
             "temperature": cfg.eval.temperature, "policies": {n: str(p) for n, p in policies.items()},
             "per_problem": kept})

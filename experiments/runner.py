@@ -32,18 +32,36 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # here has AVX2, so the units run on its kernels, at 2 threads, and a seed's arms run on two machines compute
 # alike (seen: sft-s0's train loss 0.2598 on an AVX-512 machine pinned to AVX2, as on an AVX2 one; 0.2672 there
 # unpinned). Read once, when torch loads: so the command starts itself again with them set. --native: the CPU's own.
+# `--threads N` pins another thread count (two units side by side at 1 thread each on 2 cores): every unit of one
+# comparison must run at the same count, which the unit file's `machine` records.
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2"}
 
 
+def pinned_env(argv: list[str] | None = None) -> dict[str, str]:
+    """PINNED, with the thread count of a `--threads N` (or `--threads=N`) in `argv`.
+
+    >>> pinned_env(["study", "--threads", "1"])["OMP_NUM_THREADS"], pinned_env([])["OMP_NUM_THREADS"]
+    ('1', '2')
+    """
+    argv = argv or []
+    threads = next((a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv)
+                    if a.split("=")[0] == "--threads" and ("=" in a or i + 1 < len(argv))), PINNED["OMP_NUM_THREADS"])
+    if not threads.isdigit() or int(threads) < 1:
+        sys.exit(f"--threads: expected a positive integer, got {threads!r}")
+    return {**PINNED, "OMP_NUM_THREADS": threads}
+
+
 def pinned() -> bool:
-    """Whether this process runs on the pinned kernels and threads."""
-    return all(os.environ.get(k) == v for k, v in PINNED.items())
+    """Whether this process runs on the pinned kernels (at a pinned thread count)."""
+    return "OMP_NUM_THREADS" in os.environ and all(os.environ.get(k) == v for k, v in PINNED.items()
+                                                   if k != "OMP_NUM_THREADS")
 
 
 def restart_pinned(module: str, argv: list[str]) -> None:
     """Start `python -m <module> <argv>` again on the pinned kernels and threads, unless they are set (or --native)."""
-    if "--native" not in argv and not pinned():
-        os.execve(sys.executable, [sys.executable, "-m", module, *argv], {**os.environ, **PINNED})
+    env = pinned_env(argv)
+    if "--native" not in argv and any(os.environ.get(k) != v for k, v in env.items()):
+        os.execve(sys.executable, [sys.executable, "-m", module, *argv], {**os.environ, **env})
 
 
 EXPERIMENT = "iterative-grpo-experiments"

@@ -37,6 +37,7 @@ The report is the section "step-credit" of docs/results.md (`--out`): the region
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import random
@@ -52,7 +53,7 @@ import yaml
 from scipy import stats
 
 from bench._common import ROOT, table
-from experiments.credit_arms import ARMS
+from experiments.credit_arms import ARMS, MATCHED, verifier_matched
 from experiments.credit_study import figures, region
 from experiments.report import fmt_se, holm, mean_se, study_markers, with_study
 from experiments.runner import Experiments, policy_id, restart_pinned, run_figures, stoppable
@@ -108,19 +109,28 @@ class Units(Experiments):
     def config(self, seed: int, extra: list[str]):
         return load_config(ROOT / self.config_path, self.base(seed) + self.task + extra)
 
-    def overrides(self, arm: str, seed: int) -> list[str]:
-        # After the task's: the run's rounds (over SWEEP_BUDGET's), and an arm's budget (mc-progress-wc's steps).
-        return [*self.from_sft(seed, f"{self.runs_dir.name}-{arm}-s{seed}", self.rounds), *ARMS[arm]]
+    def arm_overrides(self, arm: str, seed: int, others: list[str]) -> list[str]:
+        """An arm's own overrides: `ARMS[arm]`, or for `verifier-matched` the verifier's with the GRPO steps that
+        give it the GRPO wall-clock of the costliest of `others` on this seed (their kept unit files)."""
+        if arm != MATCHED:
+            return ARMS[arm]
+        cfg = self.config(seed, list(ARMS[CONTROL]))
+        steps = cfg.grpo["max_steps"]
+        return verifier_matched(self.figures, [a for a in others if a not in (CONTROL, MATCHED)], steps,
+                                cfg.supervision.prompts_per_round // steps, seed)
 
-    def arm_config(self, arm: str, seed: int):
-        return self.config(seed, self.overrides(arm, seed))
+    def arm_config(self, arm: str, seed: int, own: list[str] | None = None):
+        # After the task's: the run's rounds (over SWEEP_BUDGET's), and the arm's own (mc-progress-wc's steps).
+        own = ARMS[arm] if own is None else own
+        return self.config(seed, [*self.from_sft(seed, f"{self.runs_dir.name}-{arm}-s{seed}", self.rounds), *own])
 
-    def arm(self, arm: str, seed: int) -> dict:
+    def arm(self, arm: str, seed: int, others: list[str] = ()) -> dict:
         from flows.iterative import iterative_rl
 
-        iterative_rl(self.arm_config(arm, seed).model_dump(mode="json"))
+        own = self.arm_overrides(arm, seed, list(others))
+        iterative_rl(self.arm_config(arm, seed, own).model_dump(mode="json"))
         return {**run_figures(self.runs_dir / f"{self.runs_dir.name}-{arm}-s{seed}"), **self.extra,
-                "overrides": [*self.task, *ARMS[arm]], "start": policy_id(self.sft_path(seed))}
+                "overrides": [*self.task, *own], "start": policy_id(self.sft_path(seed))}
 
 
 # --- the plan: a committed file the code reads and enforces --------------------------------------------
@@ -463,8 +473,72 @@ def study_section(plan: Plan, kept: dict[str, dict], commit: str | None, flags: 
                      fmt_se(list(v.gaps.values())), f"{v.t:.2f} ({len(v.gaps) - 1} df)", f"{v.p:.4f}",
                      f"{v.threshold:.4f} (rank {v.rank})", f"{v.at_or_above} of {len(v.gaps)}",
                      status or ("**pays**" if v.pays else "does not pay"), share])
-    return md + [table(["arm", f"Δ {name(plan.metric)} per seed", "Δ mean ± SE over seeds", "t", "p (one-sided)",
-                        "Holm threshold", "seeds at or above", "verdict", f"share of `{plan.oracle}`'s gain"], rows)]
+    md += [table(["arm", f"Δ {name(plan.metric)} per seed", "Δ mean ± SE over seeds", "t", "p (one-sided)",
+                  "Holm threshold", "seeds at or above", "verdict", f"share of `{plan.oracle}`'s gain"], rows)]
+    matched = matched_rows(plan, kept, gaps)
+    if matched:
+        md += ["", f"At equal GRPO wall-clock: each RM arm minus `{MATCHED}` (the verifier with the GRPO seconds of "
+                   "its seed's costliest arm; its steps per seed in the last column), per seed, mean ± SE over "
+                   "seeds, no test:", "",
+               table(["arm", f"Δ {name(plan.metric)} per seed", "Δ mean ± SE over seeds", "seeds at or above",
+                      f"`{MATCHED}` GRPO steps per seed"], matched)]
+    return md + ([] if status else ["", *goals(plan, verdicts, gaps)])
+
+
+def rm_arms(plan: Plan) -> list[str]:
+    """The arms whose cost the matched verifier answers: every tested arm but the oracle and the matched verifier."""
+    return [a for a in plan.tested if a not in (plan.oracle, MATCHED)]
+
+
+def matched_rows(plan: Plan, kept: dict[str, dict], gaps: dict[str, dict[int, float]]) -> list[list[str]]:
+    """Per RM arm, its per-seed gaps to `verifier-matched` (both to the verifier, so the difference), mean ± SE,
+    seeds at or above, and the matched arm's GRPO steps per seed (from its kept overrides); [] before it ran."""
+    if MATCHED not in plan.arms or not (base := gaps.get(MATCHED)):
+        return []
+    steps = " / ".join(next((o.split("=", 1)[1] for o in reversed(u.get("overrides", []))
+                             if o.startswith("grpo.max_steps=")), "-")
+                       for s in sorted(base) if (u := kept.get(f"{MATCHED}-s{s}")))
+    rows = []
+    for arm in rm_arms(plan):
+        d = {s: g - base[s] for s, g in gaps.get(arm, {}).items() if s in base}
+        rows.append([f"`{arm}`", " / ".join(f"{x:+.3f}" for x in d.values()) or "-",
+                     fmt_se(list(d.values())) if d else "-", f"{sum(x >= 0 for x in d.values())} of {len(d)}", steps])
+    return rows
+
+
+GOAL_GAIN = 0.03  # the plan's goal 1: the oracle's mean gain
+GOAL_SHARE = 0.5  # goal 2: a co-trained PRM's share of the oracle's gain
+CO_TRAINED = ("prm-progress", "implicit-prime")  # goal 2's arms: PRMs trained inside the loop
+
+
+def goals(plan: Plan, verdicts: dict[str, Verdict], gaps: dict[str, dict[int, float]]) -> list[str]:
+    """The issue's three goals on the tiny model, each `met` or `not met` from the verdicts and gaps."""
+    def said(ok: bool) -> str:
+        return "**met**" if ok else "**not met**"
+
+    out = []
+    if (o := verdicts.get(plan.oracle)) is not None:
+        out.append(f"- Goal 1, the oracle pays with a mean gain of at least {GOAL_GAIN:+.2f} {name(plan.metric)}: "
+                   f"{said(o.pays and o.mean >= GOAL_GAIN)} ({'pays' if o.pays else 'does not pay'}, "
+                   f"{fmt_se(list(o.gaps.values()))}).")
+        oracle = gaps.get(plan.oracle, {})
+        parts, ok = [], False
+        for arm in (a for a in CO_TRAINED if a in verdicts):
+            v = verdicts[arm]
+            share = oracle_share([v.gaps[s] for s in v.gaps if s in oracle], [oracle[s] for s in v.gaps if s in oracle])
+            ok |= v.pays and share.share >= GOAL_SHARE
+            parts.append(f"`{arm}` {'pays' if v.pays else 'does not pay'}, share {fmt_share(share)}")
+        if parts:
+            out.append(f"- Goal 2, a co-trained PRM pays and recovers at least {GOAL_SHARE:.0%} of the oracle's gain: "
+                       f"{said(ok)} ({'; '.join(parts)}).")
+    if MATCHED in plan.arms and (base := gaps.get(MATCHED)):
+        means = {a: statistics.mean(d) for a in rm_arms(plan)
+                 if (d := [g - base[s] for s, g in gaps.get(a, {}).items() if s in base])}
+        best = max(means, key=means.get) if means else None
+        out.append(f"- Goal 3, at equal compute an RM arm is at or above `{MATCHED}` (mean gap >= 0): "
+                   f"{said(best is not None and means[best] >= 0)}"
+                   + (f" (the best, `{best}`, {means[best]:+.3f})." if best else "."))
+    return out
 
 
 def glance(plan: Plan, kept: dict[str, dict]) -> str:
@@ -474,8 +548,9 @@ def glance(plan: Plan, kept: dict[str, dict]) -> str:
     v = decide(plan, seed_gaps(kept, plan.metric, plan.round))
     pays = [a for a in plan.tested if v[a].pays]
     verdict = f"pays: {', '.join(pays) or 'none'}" if done == planned else f"no verdict yet ({done} of {planned} units)"
-    return (f"{len(plan.tested)} arms tried against the verifier ({name(plan.metric)}, round {plan.round}); the rule: "
-            f"{rule_text(plan)}; {verdict}")
+    return (f"{len(plan.tested)} arms tried against the verifier on `{plan.task}` ({name(plan.metric)}, round "
+            f"{plan.round}); Holm over the {len(plan.tested)}, at or above on >= {plan.min_seeds} of "
+            f"{len(plan.seeds)} seeds; {verdict}")
 
 
 def sweep_rows(setting: str, units: dict[str, dict], primary: str, rnd: int, wrong: bool) -> tuple[list, list]:
@@ -653,8 +728,15 @@ def study_units(a: argparse.Namespace, code: Path = ROOT) -> tuple[Plan, Units]:
 
 
 def run_study(a: argparse.Namespace, plan: Plan, units: Units) -> None:
+    """The plan's units of `a.seeds` (every seed of the plan if None); `verifier-matched` after a seed's other arms,
+    whose GRPO runtimes set its steps."""
+    seeds = a.seeds or list(plan.seeds)
+    if stray := [s for s in seeds if s not in plan.seeds]:
+        raise PlanError(f"{plan.path}: seed {stray[0]} is not in the plan ({', '.join(map(str, plan.seeds))})")
+    arms = sorted(plan.arms, key=lambda x: x == MATCHED)
+    units.arm = functools.partial(units.arm, others=list(plan.arms))
     units.runs_dir.mkdir(parents=True, exist_ok=True)
-    units.run_arms(list(plan.seeds), list(plan.arms), lambda: report(a))
+    units.run_arms(seeds, arms, lambda: report(a))
 
 
 def _common(p: argparse.ArgumentParser, sub: bool) -> None:
@@ -667,6 +749,7 @@ def _common(p: argparse.ArgumentParser, sub: bool) -> None:
     p.add_argument("--tracking-uri", default=d(None))
     p.add_argument("--native", action="store_true", default=d(False),
                    help="the CPU's own kernels and threads, not pinned AVX2 x 2")
+    p.add_argument("--threads", type=int, default=d(2), help="torch's threads, pinned (runner.pinned_env)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -682,6 +765,9 @@ def parser() -> argparse.ArgumentParser:
     study = cmds.add_parser("study", help="the committed plan's arms x seeds")
     _common(study, sub=True)
     study.add_argument("--plan", required=True, help="the plan file, committed before the first unit")
+    study.add_argument("--seeds", type=int, nargs="+", default=None,
+                       help="only these of the plan's seeds (two commands on disjoint seeds, their own --runs-dir "
+                            "and --tracking-uri, can run side by side, --threads 1 each)")
     return ap
 
 

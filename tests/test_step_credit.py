@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import doctest
+import json
 import math
 import subprocess
 from pathlib import Path
@@ -79,6 +80,39 @@ def test_a_unit_runs_the_plans_round_from_its_seeds_sft_policy(tmp_path):
     assert (cfg.run.rounds, cfg.run.seed, cfg.run.name, cfg.grpo["max_steps"], cfg.bootstrap.sft) == (
         2, 3, "study-mc-progress-wc-s3", 22, False)
     assert cfg.policy.model == str(tmp_path / "study" / "sft-s3" / "policy")
+
+
+def test_the_matched_verifier_gets_the_grpo_wall_clock_of_its_seeds_costliest_arm(tmp_path):
+    # Seed 3's verifier trained 40 s a round and its vineppo 150 s: 80 steps x 150 / 40 = 300 steps of 8 prompts.
+    # Seed 4's runtimes (another ratio) must not enter seed 3's; the oracle's and the verifier's own do not count.
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    kept = {"verifier-s3": 40.0, "vineppo-s3": 150.0, "oracle-progress-s3": 41.0, "verifier-s4": 40.0,
+            "vineppo-s4": 400.0}
+    for name, seconds in kept.items():
+        (figures / f"{name}.json").write_text(json.dumps({"grpo_seconds": {"1": seconds}}))
+    a = argparse.Namespace(runs_dir="x", figures="y", smoke=False, experiment="x", tracking_uri=None)
+    units = sc.Units(a, tmp_path / "study", figures, sc.CONFIG, [*sc.SETTINGS["long-sparse"], *sc.SWEEP_BUDGET], 1)
+    own = units.arm_overrides("verifier-matched", 3, ["verifier", "oracle-progress", "vineppo", "verifier-matched"])
+    assert own == ["supervision.mode=outcome", "grpo.max_steps=300", "supervision.prompts_per_round=2400"]
+    cfg = units.arm_config("verifier-matched", 3, own)
+    assert (cfg.grpo["max_steps"], cfg.supervision.prompts_per_round, cfg.supervision.mode) == (300, 2400, "outcome")
+    with pytest.raises(ValueError, match="no kept unit file"):  # seed 5's arms have not run: it cannot run first
+        units.arm_overrides("verifier-matched", 5, ["verifier", "vineppo"])
+    assert units.arm_overrides("vineppo", 3, []) == sc.ARMS["vineppo"]
+
+
+def test_a_study_runs_the_matched_verifier_after_its_seeds_other_arms(tmp_path, monkeypatch):
+    plan = sc.load_plan(write_plan(tmp_path / "plan.md", PLAN.replace(
+        "arms: [verifier, oracle-progress, prm-progress]", "arms: [verifier-matched, verifier, oracle-progress]")))
+    a = argparse.Namespace(runs_dir="x", figures="y", smoke=False, experiment="x", tracking_uri=None, seeds=[1, 3])
+    units = sc.Units(a, tmp_path / "study", tmp_path / "figures", plan.config, list(plan.overrides), plan.round)
+    calls = []
+    monkeypatch.setattr(units, "run_arms", lambda seeds, arms, after: calls.append((seeds, arms)))
+    sc.run_study(a, plan, units)
+    assert calls == [([1, 3], ["verifier", "oracle-progress", "verifier-matched"])]
+    with pytest.raises(sc.PlanError, match="seed 7 is not in the plan"):
+        sc.run_study(argparse.Namespace(**{**vars(a), "seeds": [7]}), plan, units)
 
 
 # --- point 2: the plan ----------------------------------------------------------------------------------
@@ -376,12 +410,39 @@ def test_the_study_section_and_glance_from_unit_files(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| `prm-progress`"))
     assert "| 2.75 (4 df) | 0.0258 | 0.0500 (rank 2) | 5 of 5 | **pays** | 0.35 [95% CI " in row
     line = sc.glance(plan, kept)
-    assert line.startswith("2 arms tried against the verifier (Maj@8, round 1); the rule: Holm-corrected")
-    assert line.endswith("at or above the verifier on >= 4 of 5 seeds; pays: oracle-progress, prm-progress")
+    assert line == ("2 arms tried against the verifier on `sparse-middle` (Maj@8, round 1); Holm over the 2, at or "
+                    "above on >= 4 of 5 seeds; pays: oracle-progress, prm-progress")
     del kept["prm-progress-s4"]
     assert sc.glance(plan, kept).endswith("no verdict yet (14 of 15 units)")
     assert "no verdict yet (14 of 15 units)" in "\n".join(sc.study_section(plan, kept, None, [], "plan.md"))
     assert "**Not run yet**: 0 of 15 units kept." in sc.study_section(plan, {}, None, [], "plan.md")
+
+
+def test_the_study_section_compares_rm_arms_with_the_matched_verifier_and_states_each_goal(tmp_path):
+    """Gaps to the verifier: oracle +0.04 (pays; goal 1 met), prm-progress +0.014 (pays at Holm's rank 4, share 0.35
+    < 0.5: goal 2 not met), vineppo +0.02 and the matched verifier +0.01 on every seed: vineppo - matched = +0.010
+    on each (goal 3 met), prm-progress - matched 0 / +0.01 / -0.01 / +0.02 / 0."""
+    plan = sc.load_plan(write_plan(tmp_path / "plan.md", PLAN.replace(
+        "arms: [verifier, oracle-progress, prm-progress]",
+        "arms: [verifier, oracle-progress, prm-progress, vineppo, verifier-matched]")))
+    kept = fake_study({"oracle-progress": [0.54, 0.53, 0.55, 0.52, 0.56], "prm-progress": [0.51, 0.52, 0.5, 0.53, 0.51],
+                       "vineppo": [0.52] * 5, "verifier-matched": [0.51] * 5}, [0.5] * 5)
+    for s, steps in enumerate([300, 310, 295, 305, 300]):
+        kept[f"verifier-matched-s{s}"]["overrides"] += [f"grpo.max_steps={steps}"]
+    md = "\n".join(sc.study_section(plan, kept, "f" * 40, [], "plan.md"))
+    assert "| `vineppo` | +0.010 / +0.010 / +0.010 / +0.010 / +0.010 | +0.010 ± 0.000 SE | 5 of 5 | " \
+           "300 / 310 / 295 / 305 / 300 |" in md
+    assert "| `prm-progress` | +0.000 / +0.010 / -0.010 / +0.020 / +0.000 | +0.004 ± 0.005 SE | 4 of 5 |" in md
+    assert "| `oracle-progress` | +0.040" in md.split("At equal GRPO wall-clock")[0]
+    assert "| `oracle-progress` |" not in md.split("At equal GRPO wall-clock")[1]  # not an RM arm
+    assert "- Goal 1, the oracle pays with a mean gain of at least +0.03 Maj@8: **met** (pays, +0.040 ± 0.007 SE)." \
+           in md
+    assert "- Goal 2, a co-trained PRM pays and recovers at least 50% of the oracle's gain: **not met** " \
+           "(`prm-progress` pays, share 0.35 [95% CI" in md
+    assert "- Goal 3, at equal compute an RM arm is at or above `verifier-matched` (mean gap >= 0): **met** (the " \
+           "best, `vineppo`, +0.010)." in md
+    del kept["vineppo-s2"]  # an unfinished study states no goal
+    assert "Goal" not in "\n".join(sc.study_section(plan, kept, "f" * 40, [], "plan.md"))
 
 
 def test_the_report_checks_the_units_before_writing_and_flags_a_changed_plan(repo, tmp_path, capsys):
@@ -430,3 +491,13 @@ def test_the_command_line():
         sc.parser().parse_args(["sweep", "--settings", "sparse-centre"])
     with pytest.raises(SystemExit):
         sc.parser().parse_args(["study"])  # no plan: no study
+
+
+def test_units_pin_the_thread_count_asked():
+    # Two studies side by side at 1 thread each: the restart pins OMP_NUM_THREADS to --threads, the kernels as ever.
+    from experiments import runner
+
+    assert doctest.testmod(runner).failed == 0
+    assert runner.pinned_env(["study", "--threads=1"]) == {**runner.PINNED, "OMP_NUM_THREADS": "1"}
+    with pytest.raises(SystemExit, match="--threads: expected a positive integer, got '0'"):
+        runner.pinned_env(["--threads", "0"])
