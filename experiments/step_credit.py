@@ -548,9 +548,8 @@ def glance(plan: Plan, kept: dict[str, dict]) -> str:
     v = decide(plan, seed_gaps(kept, plan.metric, plan.round))
     pays = [a for a in plan.tested if v[a].pays]
     verdict = f"pays: {', '.join(pays) or 'none'}" if done == planned else f"no verdict yet ({done} of {planned} units)"
-    return (f"{len(plan.tested)} arms tried against the verifier on `{plan.task}` ({name(plan.metric)}, round "
-            f"{plan.round}); Holm over the {len(plan.tested)}, at or above on >= {plan.min_seeds} of "
-            f"{len(plan.seeds)} seeds; {verdict}")
+    return (f"{len(plan.tested)} arms vs the verifier on `{plan.task}` ({name(plan.metric)}, round {plan.round}), "
+            f"Holm over the {len(plan.tested)}, >= {plan.min_seeds} of {len(plan.seeds)} seeds at or above; {verdict}")
 
 
 def sweep_rows(setting: str, units: dict[str, dict], primary: str, rnd: int, wrong: bool) -> tuple[list, list]:

@@ -410,8 +410,8 @@ def test_the_study_section_and_glance_from_unit_files(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| `prm-progress`"))
     assert "| 2.75 (4 df) | 0.0258 | 0.0500 (rank 2) | 5 of 5 | **pays** | 0.35 [95% CI " in row
     line = sc.glance(plan, kept)
-    assert line == ("2 arms tried against the verifier on `sparse-middle` (Maj@8, round 1); Holm over the 2, at or "
-                    "above on >= 4 of 5 seeds; pays: oracle-progress, prm-progress")
+    assert line == ("2 arms vs the verifier on `sparse-middle` (Maj@8, round 1), Holm over the 2, >= 4 of 5 seeds at "
+                    "or above; pays: oracle-progress, prm-progress")
     del kept["prm-progress-s4"]
     assert sc.glance(plan, kept).endswith("no verdict yet (14 of 15 units)")
     assert "no verdict yet (14 of 15 units)" in "\n".join(sc.study_section(plan, kept, None, [], "plan.md"))
@@ -463,7 +463,7 @@ def test_the_report_checks_the_units_before_writing_and_flags_a_changed_plan(rep
     assert page.startswith("# Results\n\nOlder sections.\n") and "<!-- generated: step-credit-sweep -->" in page
     assert "Largest oracle gain on Pass@1 (the plan's metric): so far `long-sparse`, +0.055 ± 0.005 SE over 2 seeds" in page
     assert f"committed in `{repo['plan'][:12]}`" in page and "| `prm-progress` |" in page and "**Flag**" not in page
-    assert "glance: 2 arms tried against the verifier" in capsys.readouterr().out
+    assert "glance: 2 arms vs the verifier on `sparse-middle`" in capsys.readouterr().out
     write_json_atomic(figs / "study" / "verifier-s0.json", {**fake_study({}, [0.5] * 5)["verifier-s0"],
                                                             "commit": repo["sibling"][:7]})
     with pytest.raises(sc.PlanError, match="verifier-s0.json: its commit"):
