@@ -42,7 +42,7 @@ from pathlib import Path
 
 from bench._common import ROOT, table
 from experiments import credit_verdicts, quickstart_seeds, smollm2_control
-from experiments.credit_arms import ARMS
+from experiments.credit_arms import ARMS, MATCHED
 from experiments.report import BEGIN, END, GENERATED_END, RULE, fmt_se, glance, verdict, with_study, write_region
 from experiments.runner import Experiments, restart_pinned, run_figures, stoppable
 from pipeline.evaluate import paired_difference
@@ -173,7 +173,9 @@ def report(a: argparse.Namespace, out: Path) -> Path:
           + (f"; units of {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") if dates else "")
           + ". Each arm starts from its seed's SFT policy and runs round 0 and "
           f"{a.rounds} RL rounds on the task's config (its budgets, `configs/<task>.yaml`) plus the arm's overrides:",
-          "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)] for k, v in ARMS.items()]
+          "", table(["arm", "overrides"], [[f"`{k}`", " ".join(f"`{o}`" for o in v)
+                                             + (" and the GRPO steps of its seed's costliest arm's wall-clock"
+                                                if k == MATCHED else "")] for k, v in ARMS.items()]
                      + [["`<arm>-centred`", f"`{CENTRED}`"], ["`<arm>-w<W>`", "`supervision.process_weight=W`"]])]),
           "", "### The quickstart learns (issue 47)", "", *region("quickstart-learns", quickstart_seeds.section()), "",
           *frozen_section(a), "### SmolLM2 with a control (issue 47): arithmetic, not GSM8K", "",

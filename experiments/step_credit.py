@@ -727,12 +727,14 @@ def study_units(a: argparse.Namespace, code: Path = ROOT) -> tuple[Plan, Units]:
 
 
 def run_study(a: argparse.Namespace, plan: Plan, units: Units) -> None:
-    """The plan's units of `a.seeds` (every seed of the plan if None); `verifier-matched` after a seed's other arms,
-    whose GRPO runtimes set its steps."""
-    seeds = a.seeds or list(plan.seeds)
+    """The plan's units of `a.seeds` and `a.arms` (every seed, every arm of the plan if None); `verifier-matched`
+    after a seed's other arms, whose GRPO runtimes set its steps."""
+    seeds, arms = a.seeds or list(plan.seeds), getattr(a, "arms", None) or list(plan.arms)
     if stray := [s for s in seeds if s not in plan.seeds]:
         raise PlanError(f"{plan.path}: seed {stray[0]} is not in the plan ({', '.join(map(str, plan.seeds))})")
-    arms = sorted(plan.arms, key=lambda x: x == MATCHED)
+    if stray := [x for x in arms if x not in plan.arms]:
+        raise PlanError(f"{plan.path}: arm {stray[0]!r} is not in the plan ({', '.join(plan.arms)})")
+    arms = sorted(arms, key=lambda x: x == MATCHED)
     units.arm = functools.partial(units.arm, others=list(plan.arms))
     units.runs_dir.mkdir(parents=True, exist_ok=True)
     units.run_arms(seeds, arms, lambda: report(a))
@@ -767,6 +769,8 @@ def parser() -> argparse.ArgumentParser:
     study.add_argument("--seeds", type=int, nargs="+", default=None,
                        help="only these of the plan's seeds (two commands on disjoint seeds, their own --runs-dir "
                             "and --tracking-uri, can run side by side, --threads 1 each)")
+    study.add_argument("--arms", nargs="+", default=None,
+                       help="only these of the plan's arms (`verifier-matched` needs its seed's others kept)")
     return ap
 
 

@@ -351,22 +351,11 @@ def registries():
     (the config's `problems:` sections too)."""
     import tempfile
 
-    from pipeline import (  # noqa: F401  imported for their tables
-        collect_choices,
-        credit,
-        launchers,
-        modes,
-        phases,
-        problems,
-        registry,
-        rewards,
-        rm_kinds,
-        sampling_backends,
-        step_rewards,
-    )
-    from pipeline.problems import dataset  # noqa: F401
+    from pipeline import registry
+    from tests.helpers import import_tables
 
-    tables = registry.tables()  # those of the modules above: every table the project has (tests/test_registry.py)
+    import_tables()
+    tables = registry.tables()  # every table the project has (tests/test_registry.py checks the list)
     before, loaded, modules = [dict(t) for t in tables], set(registry._loaded), set(sys.modules)
     yield
     for table, old in zip(tables, before):

@@ -26,6 +26,18 @@ from pipeline.rundir import RunDir, phase_key, read_json
 from pipeline.tracking import PARENT_TAG, metric_name
 
 ROOT = Path(__file__).resolve().parent.parent
+# The modules holding the project's extension tables (pipeline.registry.Registry): conftest.py's `registries`
+# restores every one of them, tests/test_registry.py checks each is here and has its case.
+TABLE_MODULES = ("collect_choices", "credit", "launchers", "modes", "phases", "problems", "problems.dataset", "rewards",
+                 "rm_kinds", "sampling_backends", "step_rewards")
+
+
+def import_tables() -> None:
+    """Import every module of `TABLE_MODULES`, so that `registry.tables()` holds every table the project has."""
+    import importlib
+
+    for name in TABLE_MODULES:
+        importlib.import_module(f"pipeline.{name}")
 MINI = yaml.safe_load((ROOT / "configs" / "mini.yaml").read_text())  # the mini run, read by bench/ too
 NAME = MINI["run"]["name"]  # "mini"
 CPU_2PROC = "configs/accelerate/cpu_2proc.yaml"  # 2 CPU processes under `accelerate launch` (torchrun, gloo)

@@ -52,7 +52,9 @@ TABLES = {  # what an entry is called -> (the registry, its built-in names in or
 
 def test_every_table_of_the_project_is_here_and_restored_by_the_fixture():
     # The tables of every pipeline module (imported above): each has its error-shape case in TABLES, and each is one
-    # that conftest.py's `registries` restores (`registry.tables()`: every Registry made).
+    # that conftest.py's `registries` restores (`registry.tables()`: every Registry made), whose modules, imported
+    # alone in a fresh interpreter (helpers.TABLE_MODULES), make every table.
+    import subprocess
     import sys
 
     from pipeline import registry
@@ -61,6 +63,10 @@ def test_every_table_of_the_project_is_here_and_restored_by_the_fixture():
              for v in vars(m).values() if isinstance(v, Registry)}
     assert found == {id(t) for t, _ in TABLES.values()}
     assert found <= {id(t) for t in registry.tables()}
+    made = subprocess.run([sys.executable, "-c", "from tests.helpers import import_tables; import_tables(); "
+                           "from pipeline import registry; print(len(registry.tables()))"],
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert int(made) == len(TABLES)
 
 
 @pytest.mark.parametrize("what", TABLES)

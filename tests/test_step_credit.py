@@ -113,6 +113,11 @@ def test_a_study_runs_the_matched_verifier_after_its_seeds_other_arms(tmp_path, 
     assert calls == [([1, 3], ["verifier", "oracle-progress", "verifier-matched"])]
     with pytest.raises(sc.PlanError, match="seed 7 is not in the plan"):
         sc.run_study(argparse.Namespace(**{**vars(a), "seeds": [7]}), plan, units)
+    sc.run_study(argparse.Namespace(**{**vars(a), "seeds": None, "arms": ["verifier-matched", "verifier"]}), plan,
+                 units)
+    assert calls[-1] == ([0, 1, 2, 3, 4], ["verifier", "verifier-matched"])
+    with pytest.raises(sc.PlanError, match="arm 'vineppo' is not in the plan"):
+        sc.run_study(argparse.Namespace(**{**vars(a), "arms": ["vineppo"]}), plan, units)
 
 
 # --- point 2: the plan ----------------------------------------------------------------------------------
