@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench._common import ROOT
+from experiments import plans
 from experiments import step_credit as sc
 from pipeline.loading import load_config
 
@@ -111,12 +112,12 @@ def test_a_study_runs_the_matched_verifier_after_its_seeds_other_arms(tmp_path, 
     monkeypatch.setattr(units, "run_arms", lambda seeds, arms, after: calls.append((seeds, arms)))
     sc.run_study(a, plan, units)
     assert calls == [([1, 3], ["verifier", "oracle-progress", "verifier-matched"])]
-    with pytest.raises(sc.PlanError, match="seed 7 is not in the plan"):
+    with pytest.raises(plans.PlanError, match="seed 7 is not in the plan"):
         sc.run_study(argparse.Namespace(**{**vars(a), "seeds": [7]}), plan, units)
     sc.run_study(argparse.Namespace(**{**vars(a), "seeds": None, "arms": ["verifier-matched", "verifier"]}), plan,
                  units)
     assert calls[-1] == ([0, 1, 2, 3, 4], ["verifier", "verifier-matched"])
-    with pytest.raises(sc.PlanError, match="arm 'vineppo' is not in the plan"):
+    with pytest.raises(plans.PlanError, match="arm 'vineppo' is not in the plan"):
         sc.run_study(argparse.Namespace(**{**vars(a), "arms": ["vineppo"]}), plan, units)
 
 
@@ -153,7 +154,7 @@ def test_a_plan_loads(tmp_path):
 def test_a_bad_plan_is_named_by_file_and_field(tmp_path, old, new, field):
     assert old in PLAN
     path = write_plan(tmp_path / "plan.md", PLAN.replace(old, new))
-    with pytest.raises(sc.PlanError) as e:
+    with pytest.raises(plans.PlanError) as e:
         sc.load_plan(path)
     assert str(e.value).startswith(f"{path}: {field}: ")
 
@@ -188,19 +189,19 @@ def repo(tmp_path) -> dict:
 
 
 def test_plan_commit_is_the_commit_that_added_it_and_an_uncommitted_plan_is_refused(repo, tmp_path):
-    assert sc.plan_commit(repo["path"] / "plan.md") == repo["plan"]
+    assert plans.plan_commit(repo["path"] / "plan.md") == repo["plan"]
     git(repo["path"], "rm", "-q", "plan.md")
     git(repo["path"], "commit", "-q", "-m", "drop the plan")
     write_plan(repo["path"] / "plan.md")
     git(repo["path"], "add", "plan.md")
     git(repo["path"], "commit", "-q", "-m", "add it again")
-    assert sc.plan_commit(repo["path"] / "plan.md") == repo["plan"]  # the first add, not the newest
+    assert plans.plan_commit(repo["path"] / "plan.md") == repo["plan"]  # the first add, not the newest
     (repo["path"] / "plan.md").write_text(PLAN.replace("round: 1", "round: 2"))
-    with pytest.raises(sc.PlanError, match="plan.md: the plan has changes not committed"):
-        sc.plan_commit(repo["path"] / "plan.md")
+    with pytest.raises(plans.PlanError, match="plan.md: the plan has changes not committed"):
+        plans.plan_commit(repo["path"] / "plan.md")
     new = write_plan(repo["path"] / "new-plan.md")
-    with pytest.raises(sc.PlanError, match="new-plan.md: the plan is not committed"):
-        sc.plan_commit(new)
+    with pytest.raises(plans.PlanError, match="new-plan.md: the plan is not committed"):
+        plans.plan_commit(new)
 
 
 def test_check_units_refuses_a_sibling_commit_an_unplanned_arm_and_seed_and_flags_a_dirty_one(repo):
@@ -212,7 +213,7 @@ def test_check_units_refuses_a_sibling_commit_an_unplanned_arm_and_seed_and_flag
 
     ok = {"sft-s0": kept(repo["plan"][:7]), "verifier-s0": kept(repo["after"][:7]),
           "prm-progress-s1": kept(repo["after"][:7] + "-dirty")}
-    assert sc.check_units(plan, ok, "figs") == [
+    assert plans.check_units(plan, ok, "figs") == [
         f"figs/prm-progress-s1.json ran from {repo['after'][:7]} with uncommitted changes (`-dirty`)."]
     refusals = {
         "oracle-progress-s0": (kept(repo["sibling"][:7]), "does not descend from the plan's"),
@@ -222,8 +223,8 @@ def test_check_units_refuses_a_sibling_commit_an_unplanned_arm_and_seed_and_flag
         "verifier-s7": (kept(repo["after"][:7]), "seed '7' is not in the plan"),
     }
     for name, (k, why) in refusals.items():
-        with pytest.raises(sc.PlanError) as e:
-            sc.check_units(plan, {**ok, name: k}, "figs")
+        with pytest.raises(plans.PlanError) as e:
+            plans.check_units(plan, {**ok, name: k}, "figs")
         assert str(e.value).startswith(f"figs/{name}.json: ") and why in str(e.value), str(e.value)
         assert "\n" not in str(e.value)  # one sentence for the one refused unit
 
@@ -236,16 +237,16 @@ def test_the_study_refuses_to_start_without_a_committed_plan_off_its_line_or_ove
     assert units.task == [*sc.SETTINGS["sparse-middle"], *sc.SWEEP_BUDGET]
     # The code checked out at the sibling (a worktree of the same repository), the plan read from main's checkout.
     git(repo["path"], "worktree", "add", "-q", str(tmp_path / "wt"), "side")
-    with pytest.raises(sc.PlanError, match="does not descend from the plan's commit"):
+    with pytest.raises(plans.PlanError, match="does not descend from the plan's commit"):
         sc.study_units(a, code=tmp_path / "wt")
-    with pytest.raises(sc.PlanError, match="does not descend from the plan's commit"):  # this repository: no such
+    with pytest.raises(plans.PlanError, match="does not descend from the plan's commit"):  # this repository: no such
         sc.study_units(a)
-    assert sc.descends("HEAD", repo["plan"], repo["path"]) is True
-    assert sc.descends("HEAD", repo["plan"], tmp_path / "wt") is False
-    assert sc.descends("--help", repo["plan"], repo["path"]) is None  # never passed to git as an option
+    assert plans.descends("HEAD", repo["plan"], repo["path"]) is True
+    assert plans.descends("HEAD", repo["plan"], tmp_path / "wt") is False
+    assert plans.descends("--help", repo["plan"], repo["path"]) is None  # never passed to git as an option
     (tmp_path / "figs" / "study").mkdir(parents=True)
     (tmp_path / "figs" / "study" / "verifier-s0.json").write_text(f'{{"commit": "{repo["sibling"][:7]}"}}')
-    with pytest.raises(sc.PlanError, match="verifier-s0.json: its commit"):  # a unit kept from off the plan's line
+    with pytest.raises(plans.PlanError, match="verifier-s0.json: its commit"):  # a unit kept from off the plan's line
         sc.study_units(a, code=repo["path"])
     with pytest.raises(SystemExit, match="the plan is not committed"):
         sc.main(["study", "--plan", str(write_plan(tmp_path / "loose" / "plan.md"))])
@@ -260,7 +261,7 @@ def t4_sf(t: float) -> float:
     return 0.5 - 3 / 8 * u * (1 - u * u / 12)
 
 
-def plan_of(tmp_path, arms: list[str], **rule) -> sc.Plan:
+def plan_of(tmp_path, arms: list[str], **rule) -> plans.Plan:
     base = sc.load_plan(write_plan(tmp_path / "plan.md"))
     return dataclasses.replace(base, arms=("verifier", *arms), **rule)
 
@@ -279,7 +280,7 @@ def test_decide_worked_example_an_arm_passes_uncorrected_but_not_holm(tmp_path):
     plan = plan_of(tmp_path, ["a", "b", "c"])
     gaps = {"a": dict(enumerate([0.04, 0.03, 0.05, 0.02, 0.06])), "b": dict(enumerate([0.01, 0.02, 0.0, 0.03, 0.01])),
             "c": dict(enumerate([-0.01, 0.0, 0.01, -0.02, 0.0]))}
-    v = sc.decide(plan, gaps)
+    v = plans.decide(plan, gaps)
     assert [round(v[x].t, 4) for x in "abc"] == [5.6569, 2.7456, -0.7845]
     assert [v[x].p for x in "abc"] == pytest.approx([t4_sf(5.656854), t4_sf(2.745626), t4_sf(-0.784465)], abs=1e-6)
     assert [round(v[x].p, 6) for x in "abc"] == [0.002406, 0.025803, 0.76169]
@@ -288,7 +289,7 @@ def test_decide_worked_example_an_arm_passes_uncorrected_but_not_holm(tmp_path):
     assert [(v[x].holm, v[x].pays) for x in "abc"] == [(True, True), (False, False), (False, False)]
     assert (v["a"].mean, v["a"].se) == pytest.approx((0.04, 0.0070711), abs=1e-7)
     # With B alone in the family (m = 1) the same gaps pay: the correction is what fails it above.
-    assert sc.decide(plan_of(tmp_path, ["b"]), {"b": gaps["b"]})["b"].pays
+    assert plans.decide(plan_of(tmp_path, ["b"]), {"b": gaps["b"]})["b"].pays
 
 
 def test_decide_worked_example_the_seeds_at_or_above_and_a_missing_arm(tmp_path):
@@ -297,42 +298,42 @@ def test_decide_worked_example_the_seeds_at_or_above_and_a_missing_arm(tmp_path)
     but 3 of 5 seeds are at or above, under the plan's 4: it does not pay. With min 3 it pays. An arm of the plan
     with no gaps has p NaN: it fails, and still counts in m (the other is tested at 0.05 / 2)."""
     gaps = {"x": dict(enumerate([0.05, 0.06, 0.05, -0.001, -0.001]))}
-    v = sc.decide(plan_of(tmp_path, ["x"]), gaps)["x"]
+    v = plans.decide(plan_of(tmp_path, ["x"]), gaps)["x"]
     assert (round(v.t, 4), round(v.p, 4), v.holm, v.at_or_above, v.pays) == (2.3523, 0.0392, True, 3, False)
     assert v.p == pytest.approx(t4_sf(2.352321), abs=1e-6)
-    assert sc.decide(plan_of(tmp_path, ["x"], min_seeds=3), gaps)["x"].pays
-    both = sc.decide(plan_of(tmp_path, ["x", "y"]), gaps)
+    assert plans.decide(plan_of(tmp_path, ["x"], min_seeds=3), gaps)["x"].pays
+    both = plans.decide(plan_of(tmp_path, ["x", "y"]), gaps)
     assert math.isnan(both["y"].p) and not both["y"].pays and both["x"].threshold == 0.025 and not both["x"].holm
     with pytest.raises(ValueError, match="not tested by the plan"):
-        sc.decide(plan_of(tmp_path, ["x"]), {**gaps, "z": {0: 0.1}})
+        plans.decide(plan_of(tmp_path, ["x"]), {**gaps, "z": {0: 0.1}})
 
 
 def test_paired_t_edges():
-    assert all(math.isnan(x) for x in sc.paired_t([0.1]))  # one seed: no spread, no test
-    assert sc.paired_t([0.01, 0.01, 0.01]) == (math.inf, 0.0)
-    assert sc.paired_t([-0.01, -0.01]) == (-math.inf, 1.0)
+    assert all(math.isnan(x) for x in plans.paired_t([0.1]))  # one seed: no spread, no test
+    assert plans.paired_t([0.01, 0.01, 0.01]) == (math.inf, 0.0)
+    assert plans.paired_t([-0.01, -0.01]) == (-math.inf, 1.0)
 
 
 def test_oracle_share_and_its_bootstrap_interval():
     # Every seed's arm gap half the oracle's: every resample's ratio is 0.5, so the interval is one point.
-    assert sc.oracle_share([0.01, 0.02, 0.015, 0.005], [0.02, 0.04, 0.03, 0.01]) == (0.5, 0.5, 0.5, 0.95)
+    assert plans.oracle_share([0.01, 0.02, 0.015, 0.005], [0.02, 0.04, 0.03, 0.01]) == (0.5, 0.5, 0.5, 0.95)
     # Two seeds: resamples (0,0) 0.01/0.02 = 0.5, (1,1) 0.03/0.02 = 1.5, mixed 0.04/0.04 = 1 (half of them); each
     # end holds ~1/4 of the resamples, more than the 2.5% tail: the interval is [0.5, 1.5] around the share 1.0.
-    assert sc.oracle_share([0.01, 0.03], [0.02, 0.02]) == (1.0, 0.5, 1.5, 0.95)
+    assert plans.oracle_share([0.01, 0.03], [0.02, 0.02]) == (1.0, 0.5, 1.5, 0.95)
     # Oracle gaps 0.04 and -0.02: a quarter of the resamples have no oracle gain (more than the tail): unbounded.
-    assert sc.oracle_share([0.01, 0.0], [0.04, -0.02])[1:3] == (-math.inf, math.inf)
-    assert math.isnan(sc.oracle_share([0.01, 0.0], [0.0, -0.02]).share)  # no oracle gain to share
+    assert plans.oracle_share([0.01, 0.0], [0.04, -0.02])[1:3] == (-math.inf, math.inf)
+    assert math.isnan(plans.oracle_share([0.01, 0.0], [0.0, -0.02]).share)  # no oracle gain to share
     noisy = ([0.01, 0.02, -0.005, 0.015, 0.0], [0.03, 0.035, 0.02, 0.04, 0.025])
-    s = sc.oracle_share(*noisy)
-    assert s == sc.oracle_share(*noisy) and s != sc.oracle_share(*noisy, seed=1)  # deterministic, by its seed
+    s = plans.oracle_share(*noisy)
+    assert s == plans.oracle_share(*noisy) and s != plans.oracle_share(*noisy, seed=1)  # deterministic, by its seed
     assert s.share == pytest.approx(0.008 / 0.03) and s.low < s.share < s.high  # means 0.008 and 0.03
     with pytest.raises(ValueError, match="paired gaps"):
-        sc.oracle_share([0.1], [0.1, 0.2])
+        plans.oracle_share([0.1], [0.1, 0.2])
 
 
 def test_the_modules_doctests():
-    result = doctest.testmod(sc)
-    assert result.failed == 0 and result.attempted >= 3
+    result = doctest.testmod(plans)
+    assert result.failed == 0 and result.attempted >= 3  # paired_t, recorded_commit, oracle_share
 
 
 # --- the tables: pure functions of unit files -------------------------------------------------------------
@@ -471,7 +472,7 @@ def test_the_report_checks_the_units_before_writing_and_flags_a_changed_plan(rep
     assert "glance: 2 arms vs the verifier on `sparse-middle`" in capsys.readouterr().out
     write_json_atomic(figs / "study" / "verifier-s0.json", {**fake_study({}, [0.5] * 5)["verifier-s0"],
                                                             "commit": repo["sibling"][:7]})
-    with pytest.raises(sc.PlanError, match="verifier-s0.json: its commit"):
+    with pytest.raises(plans.PlanError, match="verifier-s0.json: its commit"):
         sc.report(a)
     assert out.read_text() == page  # nothing written
     write_json_atomic(figs / "study" / "verifier-s0.json", {**fake_study({}, [0.5] * 5)["verifier-s0"],
