@@ -19,11 +19,12 @@ The study (point 2) runs the arms x seeds of a plan file committed before its fi
     rule: {test: holm-paired-t, alpha: 0.05, min_seeds_at_or_above: 4}
     oracle: oracle-progress      # optional (this default where it is an arm): the ceiling for `oracle_share`
 
-The rule (experiments/plans.py `decide`): per arm, its per-seed gaps to the verifier; a one-sided paired t over seeds (n - 1 df), Holm's
-step-down correction over every arm of the plan but the verifier (REFERENCE.md, "Deciding among several arms"), and
-at or above the verifier on >= min_seeds_at_or_above seeds. The study refuses to start unless the plan is committed
-and HEAD descends from its commit (`plan_commit`); the report refuses a unit whose recorded commit does not descend
-from it, or whose arm or seed the plan does not name (`check_units`). Unit files: docs/experiments/step-credit/study/.
+The rule (experiments/plans.py `decide`): per arm, its per-seed gaps to the verifier; a one-sided paired t over seeds
+(n - 1 df), Holm's step-down correction over every arm of the plan but the verifier (REFERENCE.md, "Deciding among
+several arms"), and at or above the verifier on >= min_seeds_at_or_above seeds. The study refuses to start unless the
+plan is committed and HEAD descends from its commit (`plan_commit`); the report refuses a unit whose recorded commit
+does not descend from it, or whose arm or seed the plan does not name (`check_units`). Unit files:
+docs/experiments/step-credit/study/.
 
 Run from the repository root, pinned to the AVX2 kernels at 2 threads (as `python -m experiments`):
 
