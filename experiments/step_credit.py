@@ -287,7 +287,7 @@ def study_section(plan: Plan, kept: dict[str, dict], commit: str | None, flags: 
     for arm, v in verdicts.items():
         seeds = [s for s in v.gaps if s in oracle]
         share = (fmt_share(oracle_share([v.gaps[s] for s in seeds], [oracle[s] for s in seeds]))
-                 if arm != plan.oracle and seeds else "-")
+                 if arm not in (plan.oracle, MATCHED) and seeds else "-")  # the matched verifier is no RM
         rows.append([f"`{arm}`", " / ".join(f"{g:+.3f}" for g in v.gaps.values()) or "-",
                      fmt_se(list(v.gaps.values())), f"{v.t:.2f} ({len(v.gaps) - 1} df)", f"{v.p:.4f}",
                      f"{v.threshold:.4f} (rank {v.rank})", f"{v.at_or_above} of {len(v.gaps)}",

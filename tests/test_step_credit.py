@@ -440,6 +440,8 @@ def test_the_study_section_compares_rm_arms_with_the_matched_verifier_and_states
            "300 / 310 / 295 / 305 / 300 |" in md
     assert "| `prm-progress` | +0.000 / +0.010 / -0.010 / +0.020 / +0.000 | +0.004 ± 0.005 SE | 4 of 5 |" in md
     assert "| `oracle-progress` | +0.040" in md.split("At equal GRPO wall-clock")[0]
+    matched = next(line for line in md.splitlines() if line.startswith("| `verifier-matched` | +0.010"))
+    assert matched.endswith("| **pays** | - |")  # the matched verifier is no RM: no share of the oracle's gain
     assert "| `oracle-progress` |" not in md.split("At equal GRPO wall-clock")[1]  # not an RM arm
     assert "- Goal 1, the oracle pays with a mean gain of at least +0.03 Maj@8: **met** (pays, +0.040 ± 0.007 SE)." \
            in md
