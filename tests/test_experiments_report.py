@@ -209,11 +209,12 @@ def test_every_arm_of_the_credit_study_is_a_config_the_pipeline_accepts():
     for task, path in study.TASKS.items():
         hybrid = [x for x in study.ARMS if "progress" in x or x == "implicit"]  # a process weight needs hybrid mode
         # PRIME credits tokens, not steps: its arm has no centred variant (the config refuses one).
-        for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS if x not in ("verifier", "implicit-prime")),
+        for arm in [*study.ARMS, *(f"{x}-centred" for x in study.ARMS
+                                   if x not in ("verifier", "verifier-matched", "implicit-prime")),
                     *(f"{x}{v}" for x in hybrid for v in ("-w3", "-w0.5-centred"))]:
             cfg = study.load_config(study.ROOT / path, study.overrides(arm))
             s, base = cfg.supervision, arm.removesuffix("-centred")
-            assert s.mode == ("outcome" if arm == "verifier" else "process" if base
+            assert s.mode == ("outcome" if arm in ("verifier", "verifier-matched") else "process" if base
                               in ("oracle", "implicit-prime", "vineppo") else "hybrid"), (task, arm)
             assert (s.process_reward == "prime") == (arm == "implicit-prime"), (task, arm)
             assert (s.process_reward == "progress") == ("progress" in arm or base == "vineppo"), (task, arm)
