@@ -318,11 +318,16 @@ def matched_rows(plan: Plan, kept: dict[str, dict], gaps: dict[str, dict[int, fl
                              if o.startswith("grpo.max_steps=")), "-")
                        for s in sorted(base) if (u := kept.get(f"{MATCHED}-s{s}")))
     rows = []
-    for arm in rm_arms(plan):
-        d = {s: g - base[s] for s, g in gaps.get(arm, {}).items() if s in base}
+    for arm, d in matched_gaps(plan, gaps).items():
         rows.append([f"`{arm}`", " / ".join(f"{x:+.3f}" for x in d.values()) or "-",
                      fmt_se(list(d.values())) if d else "-", f"{sum(x >= 0 for x in d.values())} of {len(d)}", steps])
     return rows
+
+
+def matched_gaps(plan: Plan, gaps: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+    """Per RM arm, seed -> its gap to `verifier-matched` (both gaps to the verifier, so their difference)."""
+    base = gaps.get(MATCHED, {})
+    return {a: {s: g - base[s] for s, g in gaps.get(a, {}).items() if s in base} for a in rm_arms(plan)}
 
 
 GOAL_GAIN = 0.03  # the plan's goal 1: the oracle's mean gain
@@ -350,9 +355,8 @@ def goals(plan: Plan, verdicts: dict[str, Verdict], gaps: dict[str, dict[int, fl
         if parts:
             out.append(f"- Goal 2, a co-trained PRM pays and recovers at least {GOAL_SHARE:.0%} of the oracle's gain: "
                        f"{said(ok)} ({'; '.join(parts)}).")
-    if MATCHED in plan.arms and (base := gaps.get(MATCHED)):
-        means = {a: statistics.mean(d) for a in rm_arms(plan)
-                 if (d := [g - base[s] for s, g in gaps.get(a, {}).items() if s in base])}
+    if MATCHED in plan.arms and gaps.get(MATCHED):
+        means = {a: statistics.mean(d.values()) for a, d in matched_gaps(plan, gaps).items() if d}
         best = max(means, key=means.get) if means else None
         out.append(f"- Goal 3, at equal compute an RM arm is at or above `{MATCHED}` (mean gap >= 0): "
                    f"{said(best is not None and means[best] >= 0)}"
