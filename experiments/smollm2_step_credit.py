@@ -149,7 +149,7 @@ def pooled(by_seed: dict[int, dict], arm: str | None, metric: str) -> list[float
     return [x for seed in sorted(by_seed) for x in values(by_seed[seed])[arm][metric]]
 
 
-def gap_rows(by_seed: dict[int, dict], learned: str, metrics: list[str]) -> list[list[str]]:
+def gap_rows(by_seed: dict[int, dict], learned: str) -> list[list[str]]:
     """Each arm's round 1 minus the verifier's and minus round 0: a row a seed and one pooled over the seeds."""
     rows = []
     for before, after in [(CONTROL, ORACLE), (CONTROL, learned), (None, CONTROL), (None, ORACLE), (None, learned)]:
@@ -157,7 +157,7 @@ def gap_rows(by_seed: dict[int, dict], learned: str, metrics: list[str]) -> list
         for seeds in groups:
             part = {s: by_seed[s] for s in seeds}
             rows.append([f"{label(after)} - {label(before)}", ", ".join(map(str, seeds)),
-                         *(gap(pooled(part, before, m), pooled(part, after, m)) for m in metrics)])
+                         *(gap(pooled(part, before, m), pooled(part, after, m)) for m in metrics(by_seed))])
     return rows
 
 
@@ -169,12 +169,39 @@ def verdict(by_seed: dict[int, dict], learned: str) -> str:
     if missing := [s for s in SEEDS if s not in by_seed]:
         return goal + f"Not judged yet: round_noise has not run on seed {', '.join(map(str, missing))}."
     before, after = pooled(by_seed, CONTROL, PRIMARY), pooled(by_seed, learned, PRIMARY)
-    mean, se = paired_difference(before, after)
-    where = "below" if mean < 0 and mean <= -Z * se else "above" if mean > 0 and mean >= Z * se else "at"
-    return goal + (f"`{learned}` round {ROUNDS} - `{CONTROL}` round {ROUNDS}, {NAMES[PRIMARY]} per problem over seeds "
+    where = side(before, after)
+    text = goal + (f"`{learned}` round {ROUNDS} - `{CONTROL}` round {ROUNDS}, {name(PRIMARY)} per problem over seeds "
                    f"{', '.join(map(str, sorted(by_seed)))} ({len(before)} problems): {gap(before, after)}: {where} "
                    f"the verifier (below: {Z:g} paired SE or more under 0; at: within {Z:g} SE): "
                    + ("**not met**." if where == "below" else "**met**."))
+    # What the verdict on `PRIMARY` leaves out: another metric where the learned arm is below the verifier, and whether
+    # this round had room for step credit at all (the verifier learned, the oracle gained over it).
+    for m in (m for m in metrics(by_seed) if m != PRIMARY):
+        if side(pooled(by_seed, CONTROL, m), pooled(by_seed, learned, m)) == "below":
+            text += f" On {name(m)} it is below: {gap(pooled(by_seed, CONTROL, m), pooled(by_seed, learned, m))}."
+    start, oracle = pooled(by_seed, None, PRIMARY), pooled(by_seed, ORACLE, PRIMARY)
+    if side(start, before) != "above":
+        text += (f" The verifier's own round {ROUNDS} - round 0 is {gap(start, before)}: this round taught it nothing "
+                 "measurable, so the comparison cannot show step credit paying.")
+    elif side(before, oracle) != "above":
+        text += (f" The oracle's round {ROUNDS} - the verifier's is {gap(before, oracle)}: exact step labels gain nothing "
+                 "measurable here, so the comparison cannot show step credit paying.")
+    return text
+
+
+def metrics(by_seed: dict[int, dict]) -> list[str]:
+    """round_noise's metrics, as its records name them: greedy, Pass@1 and Maj@<samples>."""
+    return ["greedy", "pass@1", f"maj@{by_seed[min(by_seed)]['samples']}"]
+
+
+def name(metric: str) -> str:
+    return NAMES.get(metric, metric.capitalize())  # maj@4 -> Maj@4
+
+
+def side(before: list[float], after: list[float]) -> str:
+    """Where `after` sits against `before`, per problem: "below" or "above" when `Z` paired SE or more away, else "at"."""
+    mean, se = paired_difference(before, after)
+    return "below" if mean < 0 and mean <= -Z * se else "above" if mean > 0 and mean >= Z * se else "at"
 
 
 def unit_order(item: tuple[str, dict]) -> tuple[int, int, str]:
@@ -200,14 +227,13 @@ def section(figures: Path = FIGURES) -> list[str]:
              table(["unit", "commit", "wall time (min)", "GRPO seconds", "round-0 policy (weights' hash)"], rows)]
     for learned, by_seed in sorted(noises.items()):
         first = by_seed[min(by_seed)]
-        metrics = ["greedy", "pass@1", f"maj@{first['samples']}"]
         lines += ["", f"round_noise on each seed (seed {min(by_seed)}'s: `{first['command']}`): {first['problems']} "
                   "problems a seed "
                   f"({first['fresh']} in neither split), greedy and {first['samples']} samples at T = "
                   f"{first['temperature']}; each difference per problem, mean ± paired SE (pooled: every seed's "
                   "problems together):", "",
                   table(["difference", "seeds", "greedy", "Pass@1", f"Maj@{first['samples']}"],
-                        gap_rows(by_seed, learned, metrics)), "", verdict(by_seed, learned)]
+                        gap_rows(by_seed, learned)), "", verdict(by_seed, learned)]
     if not noises:
         lines += ["", "round_noise has not run on any seed yet: no gap, no verdict."]
     return lines

@@ -94,10 +94,14 @@ def test_a_five_step_chain_and_its_answer_line_fit_the_token_budgets_with_a_marg
 
 BASE = [0.0, 0.5, 1.0, 0.5]
 GAIN, LOSS = [0.5, 0.5, 1.0, 1.0], [0.0, 0.5, 0.5, 0.0]  # against BASE, per problem: +.5 0 0 +.5; 0 0 -.5 -.5
+START = [0.0, 0.0, 0.5, 0.0]  # round 0: BASE is +0 +.5 +.5 +.5 above it, 2 seeds pooled +0.375 ± 0.082 SE (+4.6 SE)
+NOTHING = "the comparison cannot show step credit paying"
 
 
-def _keep(figures, seed: int, learned_values: list[float] | None) -> None:
-    """One seed's kept units: its SFT, three arms and (where `learned_values`) round_noise's file."""
+def _keep(figures, seed: int, learned_values: list[float] | None, verifier: list[float] = BASE,
+          oracle: list[float] = GAIN) -> None:
+    """One seed's kept units: its SFT, three arms and (where `learned_values`) round_noise's file, with round 0's
+    values `START`, each metric's the same."""
     common = {"commit": "abc1234", "date": "2026-12-08", "machine": "a CPU (native)"}
     write_json_atomic(figures / f"sft-s{seed}.json", {"unit": f"sft-s{seed}", **common, "seconds": 120.0,
                                                       "metrics": {}, "policy": "f00d"})
@@ -108,7 +112,7 @@ def _keep(figures, seed: int, learned_values: list[float] | None) -> None:
     if learned_values is None:
         return
     runs = f"runs/x-s{seed}"
-    per = {"round 0": BASE, "round 1": BASE, "o": BASE, "l": learned_values}
+    per = {"round 0": START, "round 1": verifier, "o": oracle, "l": learned_values}
     write_json_atomic(figures / f"noise-prm-progress-s{seed}.json", {
         "unit": f"noise-prm-progress-s{seed}", **common, "seconds": 900.0, "command": "python -m experiments.round_noise",
         "problems": 4, "fresh": 3, "samples": 4, "temperature": 0.7, "seed": seed, "learned": "prm-progress",
@@ -132,14 +136,14 @@ def test_the_gaps_per_seed_and_pooled_and_the_verdict_met(tmp_path):
     both = " | ".join(["+0.250 ± 0.094 SE (+2.6 SE)"] * 3)
     assert f"| `prm-progress` round 1 - `verifier` round 1 | 0 | {per_seed} |" in text
     assert f"| `prm-progress` round 1 - `verifier` round 1 | 0, 1 | {both} |" in text
-    assert f"| `prm-progress` round 1 - round 0 | 1 | {per_seed} |" in text
-    assert "| `oracle-progress` round 1 - `verifier` round 1 | 0, 1 | +0.000 ± 0.000 SE |" in text  # no spread: no z
+    assert f"| `oracle-progress` round 1 - `verifier` round 1 | 0, 1 | {both} |" in text
+    assert "| `verifier` round 1 - `verifier` round 1" not in text
     assert "| `verifier` round 1 - round 0 | 0 |" in text
     assert "| `sft-s0` | `abc1234` | 2.0 | - | `f00d` |" in text
     assert "| `prm-progress-s1` | `abc1234` | 6.0 | 200 | `f00d` |" in text
     assert text.endswith("+0.250 ± 0.094 SE (+2.6 SE): above the verifier (below: 2 paired SE or more under 0; "
                          "at: within 2 SE): **met**.")
-    assert "Pass@1 per problem over seeds 0, 1 (8 problems)" in text
+    assert "Pass@1 per problem over seeds 0, 1 (8 problems)" in text and NOTHING not in text  # the verifier learned
 
 
 @pytest.mark.parametrize("second, where, met", [
@@ -153,7 +157,10 @@ def test_the_verdict_below_the_verifier_or_waiting_for_a_seed(tmp_path, second, 
     if where is None:
         assert last.endswith("Not judged yet: round_noise has not run on seed 1.")
     else:
-        assert f"-0.250 ± 0.094 SE (-2.6 SE): {where} the verifier" in last and last.endswith(f"{met}.")
+        assert f"-0.250 ± 0.094 SE (-2.6 SE): {where} the verifier" in last and f"{met}." in last
+        # The verdict is on Pass@1; the other metrics where the learned arm is below are named after it.
+        assert last.endswith(": **not met**. On greedy it is below: -0.250 ± 0.094 SE (-2.6 SE). On Maj@4 it is "
+                             "below: -0.250 ± 0.094 SE (-2.6 SE).")
 
 
 def test_a_gap_within_two_se_either_way_is_at_the_verifier(tmp_path):
@@ -161,3 +168,18 @@ def test_a_gap_within_two_se_either_way_is_at_the_verifier(tmp_path):
     _keep(tmp_path, 1, LOSS)  # pooled: +.5 0 0 +.5 0 0 -.5 -.5: mean 0, within 2 SE
     assert ": at the verifier" in smol.section(tmp_path)[-1] and smol.section(tmp_path)[-1].endswith("**met**.")
 
+
+
+@pytest.mark.parametrize("verifier, oracle, why", [
+    (START, START, "The verifier's own round 1 - round 0 is +0.000 ± 0.000 SE: this round taught it nothing measurable"),
+    (BASE, BASE, "The oracle's round 1 - the verifier's is +0.000 ± 0.000 SE: exact step labels gain nothing measurable "
+                 "here"),
+])
+def test_at_the_verifier_is_said_to_show_nothing_without_room_for_step_credit(tmp_path, verifier, oracle, why):
+    # The learned arm sits with the verifier: met, and said to mean little where the verifier did not learn this round
+    # or the oracle gained nothing over it.
+    for seed in (0, 1):
+        _keep(tmp_path, seed, verifier, verifier=verifier, oracle=oracle)
+    last = smol.section(tmp_path)[-1]
+    assert "+0.000 ± 0.000 SE: at the verifier" in last and "**met**." in last
+    assert last.endswith(f"{why}, so {NOTHING}.")
