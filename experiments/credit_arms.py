@@ -12,8 +12,8 @@ from pipeline.rundir import read_json
 
 # PAV's form: the outcome advantage plus the progress of the token's own step, unnormalised (REFERENCE.md).
 PROGRESS = ["supervision.mode=hybrid", "supervision.process_reward=progress", "supervision.process_credit=step"]
-MC = ["reward_model.oracle=mc", "reward_model.mc_rollouts=4"]
-MATCHED = "verifier-matched"  # VinePPO's values: K rollouts of the policy a prefix
+MC = ["reward_model.oracle=mc", "reward_model.mc_rollouts=4"]  # VinePPO's values: K rollouts of the policy a prefix
+MATCHED = "verifier-matched"  # the equal-compute control (its arm below)
 ARMS = {
     "verifier": ["supervision.mode=outcome"],
     "oracle": ["supervision.mode=process", "reward_model.oracle=gold"],

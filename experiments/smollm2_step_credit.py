@@ -177,8 +177,8 @@ def verdict(by_seed: dict[int, dict], learned: str) -> str:
     # What the verdict on `PRIMARY` leaves out: another metric where the learned arm is below the verifier, and whether
     # this round had room for step credit at all (the verifier learned, the oracle gained over it).
     for m in (m for m in metrics(by_seed) if m != PRIMARY):
-        if side(pooled(by_seed, CONTROL, m), pooled(by_seed, learned, m)) == "below":
-            text += f" On {name(m)} it is below: {gap(pooled(by_seed, CONTROL, m), pooled(by_seed, learned, m))}."
+        if side(base := pooled(by_seed, CONTROL, m), arm := pooled(by_seed, learned, m)) == "below":
+            text += f" On {name(m)} it is below: {gap(base, arm)}."
     start, oracle = pooled(by_seed, None, PRIMARY), pooled(by_seed, ORACLE, PRIMARY)
     if side(start, before) != "above":
         text += (f" The verifier's own round {ROUNDS} - round 0 is {gap(start, before)}: this round taught it nothing "

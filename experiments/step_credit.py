@@ -282,12 +282,10 @@ def study_section(plan: Plan, kept: dict[str, dict], commit: str | None, flags: 
     gaps = seed_gaps(kept, plan.metric, plan.round)
     verdicts = decide(plan, gaps)
     status = None if len(done) == len(planned) else f"no verdict yet ({len(done)} of {len(planned)} units)"
-    oracle = gaps.get(plan.oracle, {})
+    shares = arm_shares(plan, verdicts, gaps)
     rows = []
     for arm, v in verdicts.items():
-        seeds = [s for s in v.gaps if s in oracle]
-        share = (fmt_share(oracle_share([v.gaps[s] for s in seeds], [oracle[s] for s in seeds]))
-                 if arm not in (plan.oracle, MATCHED) and seeds else "-")  # the matched verifier is no RM
+        share = fmt_share(shares[arm]) if arm in shares else "-"
         rows.append([f"`{arm}`", " / ".join(f"{g:+.3f}" for g in v.gaps.values()) or "-",
                      fmt_se(list(v.gaps.values())), f"{v.t:.2f} ({len(v.gaps) - 1} df)", f"{v.p:.4f}",
                      f"{v.threshold:.4f} (rank {v.rank})", f"{v.at_or_above} of {len(v.gaps)}",
@@ -301,12 +299,23 @@ def study_section(plan: Plan, kept: dict[str, dict], commit: str | None, flags: 
                    "seeds, no test:", "",
                table(["arm", f"Δ {name(plan.metric)} per seed", "Δ mean ± SE over seeds", "seeds at or above",
                       f"`{MATCHED}` GRPO steps per seed"], matched)]
-    return md + ([] if status else ["", *goals(plan, verdicts, gaps)])
+    return md + ([] if status else ["", *goals(plan, verdicts, gaps, shares)])
 
 
 def rm_arms(plan: Plan) -> list[str]:
     """The arms whose cost the matched verifier answers: every tested arm but the oracle and the matched verifier."""
     return [a for a in plan.tested if a not in (plan.oracle, MATCHED)]
+
+
+def arm_shares(plan: Plan, verdicts: dict[str, Verdict], gaps: dict[str, dict[int, float]]) -> dict[str, Share]:
+    """Each RM arm's share of the oracle's gain (`oracle_share`) over the seeds both have: once, for the table and
+    goal 2 (none for the oracle or the matched verifier, no RM)."""
+    oracle = gaps.get(plan.oracle, {})
+    out = {}
+    for arm in rm_arms(plan):
+        if seeds := [s for s in verdicts[arm].gaps if s in oracle]:
+            out[arm] = oracle_share([verdicts[arm].gaps[s] for s in seeds], [oracle[s] for s in seeds])
+    return out
 
 
 def matched_rows(plan: Plan, kept: dict[str, dict], gaps: dict[str, dict[int, float]]) -> list[list[str]]:
@@ -335,8 +344,9 @@ GOAL_SHARE = 0.5  # goal 2: a co-trained PRM's share of the oracle's gain
 CO_TRAINED = ("prm-progress", "implicit-prime")  # goal 2's arms: PRMs trained inside the loop
 
 
-def goals(plan: Plan, verdicts: dict[str, Verdict], gaps: dict[str, dict[int, float]]) -> list[str]:
-    """The issue's three goals on the tiny model, each `met` or `not met` from the verdicts and gaps."""
+def goals(plan: Plan, verdicts: dict[str, Verdict], gaps: dict[str, dict[int, float]],
+          shares: dict[str, Share]) -> list[str]:
+    """The issue's three goals on the tiny model, each `met` or `not met` from the verdicts, gaps and `arm_shares`."""
     def said(ok: bool) -> str:
         return "**met**" if ok else "**not met**"
 
@@ -345,11 +355,9 @@ def goals(plan: Plan, verdicts: dict[str, Verdict], gaps: dict[str, dict[int, fl
         out.append(f"- Goal 1, the oracle pays with a mean gain of at least {GOAL_GAIN:+.2f} {name(plan.metric)}: "
                    f"{said(o.pays and o.mean >= GOAL_GAIN)} ({'pays' if o.pays else 'does not pay'}, "
                    f"{fmt_se(list(o.gaps.values()))}).")
-        oracle = gaps.get(plan.oracle, {})
         parts, ok = [], False
-        for arm in (a for a in CO_TRAINED if a in verdicts):
-            v = verdicts[arm]
-            share = oracle_share([v.gaps[s] for s in v.gaps if s in oracle], [oracle[s] for s in v.gaps if s in oracle])
+        for arm in (a for a in CO_TRAINED if a in shares):
+            v, share = verdicts[arm], shares[arm]
             ok |= v.pays and share.share >= GOAL_SHARE
             parts.append(f"`{arm}` {'pays' if v.pays else 'does not pay'}, share {fmt_share(share)}")
         if parts:
