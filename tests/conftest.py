@@ -26,7 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
 # After the environment above, as every import of the suite.
-from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config  # noqa: E402
+from tests.helpers import CPU_2PROC, ROOT, SIZES, child_env, igrpo, mini_config, ray_temp  # noqa: E402
 
 # The suite's process holds ~1M long-lived objects (torch, transformers, TRL, Prefect, MLflow and the session's
 # fixtures), and every full garbage collection walks them all: ~0.45 s each on 2 cores, once per Trainer.train
@@ -224,29 +224,18 @@ RAY_HEAD = {**RAY_NODE, "include_dashboard": False,
 def _ray_nodes():
     """A Ray cluster of two nodes on this machine (Ray's own `cluster_utils.Cluster`, as Ray's tests make one: a head
     and an added node, each its own raylet), started by the first test that needs it, stopped by its pids at the end.
-    All of Ray's state is in a temp dir of its own, removed at the end: the nodes' sessions and the cluster's address
-    file, which Ray otherwise writes under its default `/tmp/ray` (`RAY_TMPDIR` moves that default), a folder a fresh
-    machine does not have and another cluster on the machine would share. The dir is short: Ray's socket paths are
-    limited to ~100 characters."""
+    All of Ray's state is in a temp dir of its own (`ray_temp`), removed at the end."""
     pytest.importorskip("prefect_ray")
-    import shutil
-    import tempfile
-
     from ray.cluster_utils import Cluster
 
-    temp = tempfile.mkdtemp(prefix="igrpo-ray-", dir="/tmp")
-    try:
-        with pytest.MonkeyPatch.context() as mp:  # the user's own setting is back after the session
-            mp.setenv("RAY_TMPDIR", temp)
-            cluster = Cluster(initialize_head=True, head_node_args={**RAY_HEAD, "temp_dir": os.path.join(temp, "ray")})
-            try:
-                cluster.add_node(**RAY_NODE)
-                cluster.wait_for_nodes()
-                yield cluster
-            finally:
-                cluster.shutdown()  # each node's processes, by their pids
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    with ray_temp() as temp:
+        cluster = Cluster(initialize_head=True, head_node_args={**RAY_HEAD, "temp_dir": os.path.join(temp, "ray")})
+        try:
+            cluster.add_node(**RAY_NODE)
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            cluster.shutdown()  # each node's processes, by their pids
 
 
 @pytest.fixture

@@ -120,6 +120,29 @@ def igrpo(cwd: Path, *args: str, code: str | None = None, timeout: float = 600,
 # --- builders ------------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def ray_temp():
+    """A temp dir for all of a test cluster's Ray state, removed afterwards, with `RAY_TMPDIR` naming it in this
+    process (the user's own setting is back afterwards). Every cluster a test starts in-process needs it: the head
+    writes the cluster's address file under `RAY_TMPDIR` (default `$TMPDIR/ray`), not under its `temp_dir`, and that
+    folder exists on a fresh machine only if an earlier test happened to make it; another cluster on the machine
+    would share it. The dir is short: Ray's socket paths are limited to ~100 characters."""
+    import shutil
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="igrpo-ray-", dir="/tmp")
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
+    try:
+        yield temp
+    finally:
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 def make_row(round_: int = 0, index: int = 0, **overrides) -> dict:
     """A shard row (the replay schema's every column), correct and fully labelled; `overrides` replace columns."""
     row = {

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from pipeline.config import LauncherConfig
 from pipeline.launch import LaunchError, ray_launch, ray_workers
 from pipeline.tracking import absolute_uri
 from tests import launcher_step
+from tests.helpers import ray_temp
 
 
 def _node(cpus: float = 0, gpus: float = 0, alive: bool = True) -> dict:
@@ -85,10 +85,8 @@ def test_a_node_that_cannot_see_the_run_directory_is_refused_before_the_job(tmp_
 
     run_dir = tmp_path / "runs" / "r" / "round-001" / ".launch-policy"
     run_dir.mkdir(parents=True)
-    temp = tempfile.mkdtemp(prefix="igrpo-ray-", dir="/tmp")
-    env = {**os.environ, "RAY_TMPDIR": temp}
     node = None
-    try:
+    with ray_temp() as temp:  # before, RAY_TMPDIR was the node's only: the head failed where $TMPDIR/ray was absent
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                                 "object_store_memory": 80 * 2**20,
                                                                 "temp_dir": os.path.join(temp, "ray")})
@@ -96,7 +94,7 @@ def test_a_node_that_cannot_see_the_run_directory_is_refused_before_the_job(tmp_
             ray_cli = str(Path(sys.executable).with_name("ray"))
             hide = f"mount -t tmpfs tmpfs {tmp_path} && exec {ray_cli} start --address={cluster.address} " \
                    "--num-cpus=1 --object-store-memory=83886080 --block"
-            node = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", hide], env=env,
+            node = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", hide],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             _wait_for_live_nodes(cluster.address, 2)
             with pytest.raises(LaunchError) as refused:
@@ -116,8 +114,6 @@ def test_a_node_that_cannot_see_the_run_directory_is_refused_before_the_job(tmp_
                     os.killpg(node.pid, signal.SIGKILL)
                     node.wait()
             cluster.shutdown()
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _wait_for_live_nodes(address: str, count: int, timeout: float = 60) -> None:
