@@ -19,7 +19,7 @@ MODE=gpu
 [[ "${1:-}" == "--cpu" ]] && MODE=cpu
 LOG=$(mktemp)
 exec > >(tee "$LOG") 2>&1
-finish() { [[ -n "${OUT:-}" ]] && cp "$LOG" "$OUT/gpu_check.log"; true; }
+finish() { [[ -n "${OUT:-}" ]] && cp "$LOG" "$OUT/gpu_check.log"; rm -f "$LOG"; }
 trap finish EXIT
 export TQDM_DISABLE=1 TOKENIZERS_PARALLELISM=false
 START=$SECONDS

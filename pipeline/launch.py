@@ -44,13 +44,18 @@ class LaunchError(RuntimeError):
     """A launched phase failed; the message holds the tail of its output (accelerate) or its worker's error (Ray)."""
 
 
-def launch_command(launcher: Any, target: Sequence[str]) -> list[str]:
-    """The `accelerate launch` command line running `target` (`['-m', 'module', ...]` or `['script.py', ...]`)."""
+def launch_command(launcher: Any, target: Sequence[str], log_dir: Path | None = None) -> list[str]:
+    """The `accelerate launch` command line running `target` (`['-m', 'module', ...]` or `['script.py', ...]`).
+
+    `log_dir`: torchrun's log folder (unless `launcher.extra_args` names one). Without it torchrun makes a
+    `torchelastic_*` folder in the temp dir at each launch and leaves it there."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     if launcher.config_file:
         cmd += ["--config_file", str(accelerate_config_path(launcher.config_file))]
     if launcher.num_processes is not None:
         cmd += ["--num_processes", str(launcher.num_processes)]
+    if log_dir is not None and not any(a.split("=")[0] == "--log_dir" for a in launcher.extra_args):
+        cmd += ["--log_dir", str(log_dir)]
     return cmd + list(launcher.extra_args) + list(target)
 
 
@@ -131,7 +136,7 @@ Start = Callable[[Any, str, Path, dict[str, str], Callable[[list[str]], None]], 
 def accelerate_phase(cfg: Any, phase: str, work_dir: Path, env: dict[str, str],
                      entry: Callable[[list[str]], None]) -> str:
     """`accelerate launch ... -m pipeline.rounds WORK_DIR`, its output in `WORK_DIR/launch.log`."""
-    cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", str(work_dir)])
+    cmd = launch_command(cfg.launcher, ["-m", "pipeline.rounds", str(work_dir)], log_dir=work_dir / "torchrun")
     child = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
     run_logged(cmd, work_dir / "launch.log", {**child, **env}, f"the {phase} phase")
     return str(work_dir / "launch.log")

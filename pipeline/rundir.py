@@ -12,7 +12,7 @@ runs/<name>/round-XXX/reward_model/<kind>/
 runs/<name>/round-XXX/reward_model/<kind>/calibration.json   the RM on its held-out slice (the hacking monitor's base)
 runs/<name>/round-XXX/eval.json        greedy, Pass@K, Maj@K, best-of-N, the hacking monitor
 runs/<name>/round-XXX/pass_maj.png
-runs/<name>/round-XXX/.launch-<phase>/ request, result and log of a phase under `accelerate launch`
+runs/<name>/round-XXX/.launch-<phase>/ a phase under `accelerate launch`: request, result, log, torchrun/
 runs/<name>/round-XXX/.trainer-<out>/  a trainer's output_dir and checkpoints while it trains (kept across a stop)
 runs/<name>/round-XXX/.collect-parts/  a collection's finished batches while it runs (kept across a stop)
 ```

@@ -141,7 +141,8 @@ def launched_steps(mini_models, step_plugin_path, tmp_path_factory) -> dict[int,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
-        run_logged(launch_command(launcher, [script, str(mini_models), str(out / "two.json"), "6", modes, "2x2"]),
+        run_logged(launch_command(launcher, [script, str(mini_models), str(out / "two.json"), "6", modes, "2x2"],
+                                  log_dir=out / "torchrun"),
                    out / "two.log", env, "the 2-process steps")
         _, err = single.communicate(timeout=300)
     finally:

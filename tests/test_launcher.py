@@ -58,6 +58,10 @@ def test_relative_config_file_resolves_from_the_repo_when_not_in_the_working_dir
     assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert cmd[3:] == ["--config_file", str(ROOT / CPU_2PROC), "--num_processes", "3", "--main_process_port", "0",
                        "-m", "pipeline.rounds", "WORK"]
+    logged = launch_command(cfg.launcher, ["t.py"], log_dir=Path("WORK/torchrun"))
+    assert logged[3:] == [*cmd[3:7], "--log_dir", "WORK/torchrun", "--main_process_port", "0", "t.py"]
+    own = cfg.launcher.model_copy(update={"extra_args": ["--log_dir=/srv/logs"]})  # the user's own folder wins
+    assert launch_command(own, ["t.py"], log_dir=Path("WORK/torchrun"))[-2:] == ["--log_dir=/srv/logs", "t.py"]
 
 
 @pytest.mark.parametrize("name", ["cpu_2proc", "multi_gpu", "zero2", "zero3"])
@@ -94,7 +98,8 @@ def test_a_failing_launch_raises_with_the_tail_of_its_output(tmp_path):
     script.write_text("import os\nif os.environ['RANK'] == '0':\n    raise ValueError('broken on rank 0')\n")
     launcher = LauncherConfig(kind="accelerate", config_file=CPU_2PROC)
     with pytest.raises(LaunchError) as info:
-        run_logged(launch_command(launcher, [str(script)]), tmp_path / "launch.log", child_env(), "the test phase")
+        run_logged(launch_command(launcher, [str(script)], log_dir=tmp_path / "torchrun"), tmp_path / "launch.log",
+                   child_env(), "the test phase")
     message = str(info.value)
     assert "the test phase failed under accelerate launch (exit code 1)" in message
     assert "ValueError: broken on rank 0" in message and str(tmp_path / "launch.log") in message
@@ -109,12 +114,14 @@ def test_gpu_check_script_parses_and_stops_on_a_machine_without_cuda(tmp_path):
     subprocess.run(["bash", "-n", str(script)], check=True)  # the whole script parses
     # Run as a user would on a machine without a GPU (and without --cpu): its first step refuses, naming the
     # dry run, before it installs or measures anything, and the log still lands in $OUT.
-    env = child_env(CUDA_VISIBLE_DEVICES="", PYTHON=sys.executable, OUT=str(tmp_path))
+    (temp := tmp_path / "temp").mkdir()
+    env = child_env(CUDA_VISIBLE_DEVICES="", PYTHON=sys.executable, OUT=str(tmp_path), TMPDIR=str(temp))
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "no CUDA device visible to torch: run with --cpu for a dry run" in done.stdout
     assert "== install" not in done.stdout
     assert (tmp_path / "gpu_check.log").read_text().startswith("== machine\n")
+    assert list(temp.iterdir()) == []  # before, its own log stayed in the temp dir
 
 
 # --- the key check: 2 processes == 1 process -----------------------------------------------------------
@@ -198,6 +205,8 @@ def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_r
     from pipeline.rundir import Manifest
 
     monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
+    (temp := tmp_path / "temp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the launched processes' temp dir, empty afterwards
     # 2 processes x 4 rows: one group of 4 per process, 2 steps.
     cfg, start, prm = _run_with_round0(tmp_path, mini_models, grpo={"per_device_train_batch_size": 4, "max_steps": 2},
                                        reward_model={"kinds": ["prm"]}, tracking={"tracking_uri": mlflow_tmp})
@@ -221,6 +230,8 @@ def test_grpo_phase_under_accelerate_writes_the_policy_and_logs_into_the_phase_r
     # ... and the phase's summary, logged by the pipeline's process afterwards.
     assert "policy/reward_end" in run.data.metrics
     assert run.data.params.get("per_device_train_batch_size") == "4"
+    # Before, torchrun left a `torchelastic_*` folder in the temp dir at every launch.
+    assert [p.name for p in temp.iterdir()] == []
 
 
 # An installed plugin (tests/helpers.py: plugin_distribution): its entry point's module registers the RM kind
