@@ -46,14 +46,14 @@ def test_every_phase_of_every_round_is_done_and_tracked(finished):
     assert read_json(cfg.run_dir / "round-002" / "eval.json")["round"] == 2
 
 
-def test_each_rounds_reward_models_and_policy_are_registered_with_round_aliases(finished):
+def test_each_rounds_reward_models_and_policy_are_registered_with_round_aliases(finished, tmp_path):
     client = MlflowClient()
     # RM versions registered per round, with round aliases; models:/ URIs resolve.
     for kind in ("prm", "orm"):
         versions = client.search_model_versions(f"name='mini-mini-{kind}'")
         assert sorted(v.tags["round"] for v in versions) == ["0", "1", "2"]
         assert client.get_model_version_by_alias(f"mini-mini-{kind}", "round-2").tags["round"] == "2"
-    local = mlflow.artifacts.download_artifacts("models:/mini-mini-prm@round-1")
+    local = mlflow.artifacts.download_artifacts("models:/mini-mini-prm@round-1", dst_path=str(tmp_path / "prm"))
     assert os.path.exists(os.path.join(local, "model.safetensors"))
     assert os.path.exists(os.path.join(local, "calibration.json"))  # the RM's calibration travels with it
     # The policy of every round registered the same way, from its phase's run.
@@ -61,8 +61,8 @@ def test_each_rounds_reward_models_and_policy_are_registered_with_round_aliases(
     assert sorted(v.tags["round"] for v in versions) == ["0", "1", "2"]
     policy_1 = client.get_model_version_by_alias("mini-mini-policy", "round-1")
     assert client.get_run(policy_1.run_id).info.run_name == "round-001-policy"
-    assert os.path.exists(os.path.join(mlflow.artifacts.download_artifacts("models:/mini-mini-policy@round-1"),
-                                       "model.safetensors"))
+    policy = mlflow.artifacts.download_artifacts("models:/mini-mini-policy@round-1", dst_path=str(tmp_path / "policy"))
+    assert os.path.exists(os.path.join(policy, "model.safetensors"))
 
 
 def test_compare_gives_the_same_tables_from_the_run_directory_and_its_mlflow_run(finished, tmp_path):

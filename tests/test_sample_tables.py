@@ -166,23 +166,26 @@ def test_the_experiment_opens_in_the_model_training_view_unless_a_kind_was_chose
 # --- in a finished run ---------------------------------------------------------------------------------------
 
 
-def _table(run_id: str, name: str) -> list[dict]:
+def _table(run_id: str, name: str, into) -> list[dict]:
     import mlflow
 
-    with open(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"samples/{name}.json")) as f:
+    into = into / f"{run_id}-{name}"  # not MLflow's default, a temp folder left behind
+    into.mkdir()
+    with open(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=f"samples/{name}.json",
+                                                  dst_path=str(into))) as f:
         table = json.load(f)
     return [dict(zip(table["columns"], row)) for row in table["data"]]
 
 
 @pytest.mark.slow  # the session's finished mini run
-def test_each_rounds_eval_run_holds_its_sample_tables(finished):
+def test_each_rounds_eval_run_holds_its_sample_tables(finished, tmp_path):
     """The same held-out prompts every round, the shard's rows, each scored by the RMs of its round."""
     cfg = finished.cfg
     runs = {r.info.run_name: r.info.run_id for r in mlflow_structure(NAME)["all"].values()}
     eval_ids = []
     for r in range(cfg.run.rounds + 1):
         run_id = runs[f"round-{r:03d}-eval"]
-        evals, collected = _table(run_id, "eval"), _table(run_id, "collect")
+        evals, collected = _table(run_id, "eval", tmp_path), _table(run_id, "collect", tmp_path)
         assert len(evals) == cfg.tracking.sample_table_rows == 16  # of 8 problems x 4 samples: 2 of each
         assert len(collected) == 12  # the whole shard: 6 prompts x 2 samples
         assert {x["round"] for x in evals + collected} == {r}
