@@ -184,8 +184,8 @@ def verdict(by_seed: dict[int, dict], learned: str) -> str:
         text += (f" The verifier's own round {ROUNDS} - round 0 is {gap(start, before)}: this round taught it nothing "
                  "measurable, so the comparison cannot show step credit paying.")
     elif side(before, oracle) != "above":
-        text += (f" The oracle's round {ROUNDS} - the verifier's is {gap(before, oracle)}: exact step labels gain nothing "
-                 "measurable here, so the comparison cannot show step credit paying.")
+        text += (f" The oracle's round {ROUNDS} - the verifier's is {gap(before, oracle)}: exact step labels gain "
+                 "nothing measurable here, so the comparison cannot show step credit paying.")
     return text
 
 
@@ -199,7 +199,8 @@ def name(metric: str) -> str:
 
 
 def side(before: list[float], after: list[float]) -> str:
-    """Where `after` sits against `before`, per problem: "below" or "above" when `Z` paired SE or more away, else "at"."""
+    """Where `after` sits against `before`, per problem: "below" or "above" when `Z` paired SE or more away, else
+    "at"."""
     mean, se = paired_difference(before, after)
     return "below" if mean < 0 and mean <= -Z * se else "above" if mean > 0 and mean >= Z * se else "at"
 

@@ -117,9 +117,6 @@ def igrpo(cwd: Path, *args: str, code: str | None = None, timeout: float = 600,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout, start_new_session=True)
 
 
-# --- builders ------------------------------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def ray_temp():
     """A temp dir for all of a test cluster's Ray state, removed afterwards, with `RAY_TMPDIR` naming it in this
@@ -130,17 +127,18 @@ def ray_temp():
     import shutil
     import tempfile
 
+    import pytest
+
     temp = tempfile.mkdtemp(prefix="igrpo-ray-", dir="/tmp")
-    before = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = temp
     try:
-        yield temp
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("RAY_TMPDIR", temp)
+            yield temp
     finally:
-        if before is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = before
         shutil.rmtree(temp, ignore_errors=True)
+
+
+# --- builders ------------------------------------------------------------------------------------------------
 
 
 def make_row(round_: int = 0, index: int = 0, **overrides) -> dict:

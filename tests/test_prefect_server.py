@@ -72,7 +72,8 @@ def test_serve_registers_its_cron_schedule(tmp_path, server):
     with open(log, "wb") as out:
         # Its temp dir in tmp_path: Prefect's runner leaves an empty `runner_storage` folder in the temp dir.
         proc = subprocess.Popen([*IGRPO, "serve", "mini.yaml", "--cron", "0 3 * * *", "--name", "mini-nightly"],
-                                env={**server, "TMPDIR": str(tmp_path)}, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                env={**server, "TMPDIR": str(tmp_path)}, cwd=tmp_path, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         def deployment():
             with _client(server) as c, contextlib.suppress(Exception):

@@ -169,11 +169,11 @@ def test_a_gap_within_two_se_either_way_is_at_the_verifier(tmp_path):
     assert ": at the verifier" in smol.section(tmp_path)[-1] and smol.section(tmp_path)[-1].endswith("**met**.")
 
 
-
 @pytest.mark.parametrize("verifier, oracle, why", [
-    (START, START, "The verifier's own round 1 - round 0 is +0.000 ± 0.000 SE: this round taught it nothing measurable"),
-    (BASE, BASE, "The oracle's round 1 - the verifier's is +0.000 ± 0.000 SE: exact step labels gain nothing measurable "
-                 "here"),
+    (START, START, "The verifier's own round 1 - round 0 is +0.000 ± 0.000 SE: this round taught it nothing "
+                   "measurable"),
+    (BASE, BASE, "The oracle's round 1 - the verifier's is +0.000 ± 0.000 SE: exact step labels gain nothing "
+                 "measurable here"),
 ])
 def test_at_the_verifier_is_said_to_show_nothing_without_room_for_step_credit(tmp_path, verifier, oracle, why):
     # The learned arm sits with the verifier: met, and said to mean little where the verifier did not learn this round
